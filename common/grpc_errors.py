@@ -1,0 +1,176 @@
+"""Exceptions to gRPC status codes with google.rpc rich details, in one place.
+
+Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) reports the exception:
+- `InvalidArgumentError` -> INVALID_ARGUMENT + `google.rpc.BadRequest` naming the request field path;
+- `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo`;
+- `UnavailableError` -> UNAVAILABLE;
+- `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
+- anything else -> INTERNAL, logged with its traceback.
+Clients read the field violations back with `bad_request_fields`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from pdserve.v1 import sampling_pb2
+
+logger = logging.getLogger(__name__)
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+DEFAULT_RETRY_DELAY_S = 1.0
+"""Retry delay advertised in google.rpc.RetryInfo when a service is out of capacity."""
+
+FIELD_PATHS: Mapping[str, str] = {
+    "prompt": "text",
+    **{f.name: f"sampling_params.{f.name}" for f in sampling_pb2.SamplingParams.DESCRIPTOR.fields},
+}
+"""Engine field names -> field paths of the requests that carry them (GenerateRequest, PrefillRequest,
+DecodeRequest). Names not in the table are reported as they are."""
+
+
+def to_status(
+    exc: Exception,
+    field_paths: Mapping[str, str] = FIELD_PATHS,
+    retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+) -> grpc.Status:
+    """The status (with rich details in its trailing metadata) that reports `exc` to the caller."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return _passed_through(exc)
+    if isinstance(exc, InvalidArgumentError):
+        field = field_paths.get(exc.field, exc.field)
+        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=exc.description)
+        detail = error_details_pb2.BadRequest(field_violations=[violation])
+        return _rich(code_pb2.INVALID_ARGUMENT, f"{field}: {exc.description}", detail)
+    if isinstance(exc, ResourceExhaustedError):
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(round(retry_delay_s * 1e9))
+        return _rich(
+            code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", error_details_pb2.RetryInfo(retry_delay=delay)
+        )
+    if isinstance(exc, UnavailableError):
+        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", None)
+    return _rich(code_pb2.INTERNAL, "internal error", None)
+
+
+async def abort_with(
+    context: grpc.aio.ServicerContext[Any, Any],
+    exc: Exception,
+    field_paths: Mapping[str, str] = FIELD_PATHS,
+    retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+) -> NoReturn:
+    """Ends the RPC with the status that reports `exc` (see the module docstring); never returns."""
+    status = to_status(exc, field_paths, retry_delay_s)
+    if status.code is grpc.StatusCode.INTERNAL and not isinstance(exc, grpc.aio.AioRpcError):
+        logger.error("unhandled %s in a gRPC handler", type(exc).__name__, exc_info=exc)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
+    """(field path, description) of every google.rpc.BadRequest field violation the error carries."""
+    fields: list[tuple[str, str]] = []
+    for detail in _rich_status(rpc_error).details:
+        bad_request = error_details_pb2.BadRequest()
+        if detail.Unpack(bad_request):
+            fields.extend((v.field, v.description) for v in bad_request.field_violations)
+    return fields
+
+
+_Behavior = Callable[..., Any]
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Server interceptor that reports whatever an async unary or server-streaming handler raises
+    through `abort_with`, so servicers simply raise. Sync and client-streaming handlers pass through
+    untouched."""
+
+    def __init__(
+        self, field_paths: Mapping[str, str] = FIELD_PATHS, retry_delay_s: float = DEFAULT_RETRY_DELAY_S
+    ) -> None:
+        self._field_paths = field_paths
+        self._retry_delay_s = retry_delay_s
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        if handler.response_streaming and handler.unary_stream is not None:
+            wrap = self._wrap_async_gen if inspect.isasyncgenfunction(handler.unary_stream) else self._wrap_coroutine
+            return grpc.unary_stream_rpc_method_handler(
+                wrap(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_coroutine(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_coroutine(self, behavior: _Behavior) -> _Behavior:
+        """Wraps a coroutine handler: a unary one, or a streaming one that writes with context.write."""
+        if not inspect.iscoroutinefunction(behavior):
+            return behavior
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort_with(context, exc, self._field_paths, self._retry_delay_s)
+
+        return wrapped
+
+    def _wrap_async_gen(self, behavior: _Behavior) -> _Behavior:
+        """Wraps an async-generator handler."""
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort_with(context, exc, self._field_paths, self._retry_delay_s)
+
+        return wrapped
+
+
+def _rich(code: int, message: str, detail: Any) -> grpc.Status:
+    status = status_pb2.Status(code=code, message=message)
+    if detail is not None:
+        status.details.add().Pack(detail)
+    return rpc_status.to_status(status)
+
+
+def _passed_through(rpc_error: grpc.aio.AioRpcError) -> grpc.Status:
+    rich = _rich_status(rpc_error)
+    if rich.code == rpc_error.code().value[0]:
+        return rpc_status.to_status(rich)
+    return rpc_status.to_status(status_pb2.Status(code=rpc_error.code().value[0], message=rpc_error.details() or ""))
+
+
+def _rich_status(rpc_error: grpc.aio.AioRpcError) -> status_pb2.Status:
+    """The google.rpc.Status in the error's trailing metadata; an empty one when it carries none."""
+    for key, value in rpc_error.trailing_metadata() or ():
+        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
+            return status_pb2.Status.FromString(value)
+    return status_pb2.Status()

@@ -1,0 +1,87 @@
+"""The services every pdserve gRPC server carries: grpc.health.v1 and server reflection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+_POLL_INTERVAL_S = 0.05
+_MAX_POLL_INTERVAL_S = 0.5
+
+
+class HealthState:
+    """The health a server reports, for the whole server ("") and each of its services at once.
+
+    Everything starts NOT_SERVING: a server says SERVING only once it has loaded, and NOT_SERVING
+    again while it drains.
+    """
+
+    def __init__(self, servicer: health.aio.HealthServicer, service_names: Sequence[str]) -> None:
+        self._servicer = servicer
+        self._service_names = (health.OVERALL_HEALTH, *service_names)
+
+    async def set_serving(self) -> None:
+        """Reports SERVING for the server and each of its services."""
+        await self._set(health_pb2.HealthCheckResponse.SERVING)
+
+    async def set_not_serving(self) -> None:
+        """Reports NOT_SERVING for the server and each of its services (loading or draining)."""
+        await self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _set(self, status: int) -> None:
+        for name in self._service_names:
+            await self._servicer.set(name, status)
+
+
+def add_standard_services(server: grpc.aio.Server, service_full_names: Sequence[str]) -> HealthState:
+    """Adds grpc.health.v1 and server reflection to `server`.
+
+    `service_full_names` are the server's own services (e.g. "pdserve.v1.GenerationService");
+    reflection lists them plus health and reflection, and health reports each of them. Call before
+    `server.start()`; everything reports NOT_SERVING until `HealthState.set_serving()`.
+    """
+    names = (*service_full_names, health.SERVICE_NAME)
+    servicer = health.aio.HealthServicer()
+    # NOTE: the servicer's public setter is a coroutine and it starts with "" SERVING; before the server
+    # starts no Watch can be waiting, so seeding its status table directly skips no notification.
+    vars(servicer)["_server_status"].update(
+        dict.fromkeys((health.OVERALL_HEALTH, *names), health_pb2.HealthCheckResponse.NOT_SERVING)
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+    return HealthState(servicer, names)
+
+
+async def wait_for_health(address: str, timeout_s: float) -> None:
+    """Polls grpc.health.v1 Check on `address` until the server reports SERVING.
+
+    Raises TimeoutError naming the address (and the last answer) when it does not within `timeout_s`.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    interval = _POLL_INTERVAL_S
+    last = "no answer"
+    async with grpc.aio.insecure_channel(address) as channel:
+        # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.
+        check = channel.unary_unary(
+            f"/{health.SERVICE_NAME}/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                response = await check(health_pb2.HealthCheckRequest(), timeout=remaining)
+            except grpc.aio.AioRpcError as exc:
+                last = exc.code().name
+            else:
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+            await asyncio.sleep(min(interval, max(deadline - loop.time(), 0.0)))
+            interval = min(interval * 2, _MAX_POLL_INTERVAL_S)
+    raise TimeoutError(f"{address} not SERVING after {timeout_s}s (last: {last})")

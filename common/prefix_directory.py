@@ -1,0 +1,283 @@
+"""Global prefix-block directory in Redis: which pod holds which KV block, by chained block hash.
+
+Keys (prefix `pdserve`):
+- `pdserve:blk:{hash_hex}`: sorted set; member `{pod_id}:{generation}`, score = when that entry
+  expires (Unix ms).
+- `pdserve:podblk:{pod_id}:{generation}`: set of the hash hexes that pod generation published, so
+  `AllBlocksCleared` and `drop_pod` can find its entries.
+
+Staleness bound: every entry expires `entry_ttl_s` after it was last written (the score; lookups ignore
+expired members, and a key expires `entry_ttl_s` after its last write). Pods keep their live blocks
+fresh with `refresh` (`start_refresh` runs it every entry_ttl_s / 3), which rewrites the pod's whole
+block set from a local mirror of the events it published. So an entry outlives its block by at most
+`entry_ttl_s` if a BlockRemoved is lost; a dead pod or an old generation never wins at all, because
+lookups only count the members the caller passes in `live` (the pod registry's view).
+
+Advisory: every call has a short socket timeout; a failed lookup returns `{}`, a failed publish drops
+the batch and marks the pod dirty, and its next successful publish or refresh rewrites the pod's
+state from the mirror (so a Redis restart, which loses everything, heals at the next write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from common.block_hash import BlockHash
+from engine.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+logger = logging.getLogger(__name__)
+
+_REFRESH_CHUNK = 1024
+
+# KEYS: the prompt's block keys in order; ARGV: the live members. Returns each member's leading run.
+_LONGEST_PREFIX_LUA = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local runs, active = {}, {}
+for i = 1, #ARGV do runs[i] = 0; active[i] = i end
+for b = 1, #KEYS do
+  local names = {}
+  for j, m in ipairs(active) do names[j] = ARGV[m] end
+  local scores = redis.call('ZMSCORE', KEYS[b], unpack(names))
+  local still = {}
+  for j, m in ipairs(active) do
+    if scores[j] and tonumber(scores[j]) > now_ms then runs[m] = b; still[#still + 1] = m end
+  end
+  active = still
+  if #active == 0 then break end
+end
+return runs
+"""
+
+# KEYS[1]: a pod generation's index; ARGV[1]: its member; ARGV[2]: the block key prefix.
+_DROP_POD_LUA = """
+local hexes = redis.call('SMEMBERS', KEYS[1])
+for _, hex in ipairs(hexes) do redis.call('ZREM', ARGV[2] .. hex, ARGV[1]) end
+redis.call('DEL', KEYS[1])
+return #hexes
+"""
+
+
+@dataclass(slots=True, frozen=True)
+class DirectoryStats:
+    """Counters of one `PrefixDirectory` since it was made."""
+
+    lookups: int
+    hits: int
+    """Lookups where some live pod held at least the first block."""
+    errors: int
+    """Lookups that failed (answered `{}`)."""
+    last_latency_s: float
+    """Duration of the last lookup that went to Redis."""
+    publishes: int
+    """`publish` calls."""
+    publish_errors: int
+    """Failed writes (`publish`, `refresh`, `drop_pod`)."""
+
+
+def _member(pod_id: str, generation: int) -> str:
+    return f"{pod_id}:{generation}"
+
+
+def _client(redis_url: str, timeout_s: float) -> aioredis.Redis:
+    # NOTE: no backoff and one immediate retry on a dropped connection (a restarted Redis), none on
+    # timeouts: a call costs at most ~2 x timeout_s, and the pool reconnects by itself.
+    retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    return aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry)
+
+
+class PrefixDirectory:
+    """Pods publish their KV cache events; the router asks which live pod holds the longest prefix."""
+
+    def __init__(
+        self, redis_url: str, key_prefix: str = "pdserve", entry_ttl_s: float = 300.0, timeout_s: float = 0.3
+    ) -> None:
+        self._redis = _client(redis_url, timeout_s)
+        self._entry_ttl_s = entry_ttl_s
+        self._ttl_ms = max(1, round(entry_ttl_s * 1000))
+        self._block_prefix = f"{key_prefix}:blk:"
+        self._index_prefix = f"{key_prefix}:podblk:"
+        self._longest_prefix = self._redis.register_script(_LONGEST_PREFIX_LUA)
+        self._held: dict[str, set[BlockHash]] = {}
+        self._dirty: set[str] = set()
+        self._write_lock = asyncio.Lock()
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._failing = False
+        self._lookups = self._hits = self._errors = self._publishes = self._publish_errors = 0
+        self._last_latency_s = 0.0
+
+    @property
+    def stats(self) -> DirectoryStats:
+        return DirectoryStats(
+            self._lookups, self._hits, self._errors, self._last_latency_s, self._publishes, self._publish_errors
+        )
+
+    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, int]:
+        """For each pod in `live` (pod_id -> current generation), how many LEADING blocks of the prompt
+        it holds, in one round trip. `{}` when Redis fails or is slow (never raises for Redis)."""
+        self._lookups += 1
+        if not live:
+            return {}
+        pod_ids = list(live)
+        if not block_hashes:
+            return dict.fromkeys(pod_ids, 0)
+        keys = [self._block_prefix + block_hash.hex() for block_hash in block_hashes]
+        members = [_member(pod_id, live[pod_id]) for pod_id in pod_ids]
+        start = time.perf_counter()
+        try:
+            runs = await self._longest_prefix(keys=keys, args=members)
+        except RedisError as exc:
+            self._errors += 1
+            self._on_failure("lookup", exc)
+            return {}
+        finally:
+            self._last_latency_s = time.perf_counter() - start
+        self._on_success()
+        result = {pod_id: int(run) for pod_id, run in zip(pod_ids, runs, strict=True)}
+        if any(result.values()):
+            self._hits += 1
+        return result
+
+    async def publish(self, pod_id: str, generation: int, events: Iterable[KVCacheEvent]) -> bool:
+        """Apply one batch of a pod's cache events, in order, in one pipelined round trip.
+
+        False if Redis failed: the batch is dropped and counted, and the pod's next successful
+        `publish` or `refresh` rewrites its whole state instead. Calls are serialized per directory.
+        """
+        member = _member(pod_id, generation)
+        async with self._write_lock:
+            self._publishes += 1
+            held = self._held.setdefault(member, set())
+            pipe = self._redis.pipeline(transaction=False)
+            expiry_ms = self._expiry_ms()
+            for event in events:
+                self._queue_event(pipe, member, held, event, expiry_ms)
+            if member in self._dirty:
+                # NOTE: the mirror already holds this batch; the rewrite replaces the queued commands.
+                return await self._rewrite(member)
+            if len(pipe) == 0:
+                return True
+            if await self._execute(pipe, "publish"):
+                return True
+            self._dirty.add(member)
+            return False
+
+    async def refresh(self, pod_id: str, generation: int) -> bool:
+        """Rewrite every block the pod holds (as its published events say) with a fresh expiry."""
+        async with self._write_lock:
+            return await self._rewrite(_member(pod_id, generation))
+
+    def start_refresh(self, pod_id: str, generation: int, interval_s: float | None = None) -> asyncio.Task[None]:
+        """Run `refresh` every `interval_s` (default entry_ttl_s / 3) until `aclose`."""
+        if self._refresh_task is not None and not self._refresh_task.done():
+            raise RuntimeError("refresh already running")
+        period = self._entry_ttl_s / 3 if interval_s is None else interval_s
+        self._refresh_task = asyncio.create_task(
+            self._refresh_loop(pod_id, generation, period), name="prefix-directory-refresh"
+        )
+        return self._refresh_task
+
+    async def drop_pod(self, pod_id: str, generation: int) -> bool:
+        """Remove every entry of one pod generation (graceful shutdown, or a pod seen gone)."""
+        member = _member(pod_id, generation)
+        async with self._write_lock:
+            self._held.pop(member, None)
+            self._dirty.discard(member)
+            pipe = self._redis.pipeline(transaction=False)
+            self._queue_drop(pipe, member)
+            return await self._execute(pipe, "drop_pod")
+
+    async def aclose(self) -> None:
+        task, self._refresh_task = self._refresh_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._redis.aclose()
+
+    def _queue_event(
+        self, pipe: Pipeline, member: str, held: set[BlockHash], event: KVCacheEvent, expiry_ms: int
+    ) -> None:
+        match event:
+            case BlockStored(block_hashes=hashes):
+                held.update(hashes)
+                self._queue_store(pipe, member, hashes, expiry_ms)
+            case BlockRemoved(block_hashes=hashes):
+                held.difference_update(hashes)
+                for block_hash in hashes:
+                    pipe.zrem(self._block_prefix + block_hash.hex(), member)
+                if hashes:
+                    pipe.srem(self._index_prefix + member, *(block_hash.hex() for block_hash in hashes))
+            case AllBlocksCleared():
+                held.clear()
+                self._queue_drop(pipe, member)
+
+    def _queue_store(self, pipe: Pipeline, member: str, hashes: Sequence[BlockHash], expiry_ms: int) -> None:
+        # NOTE: a key's TTL is renewed on each write; every member's expiry is <= the key's.
+        for block_hash in hashes:
+            key = self._block_prefix + block_hash.hex()
+            pipe.zadd(key, {member: expiry_ms})
+            pipe.pexpire(key, self._ttl_ms)
+        if hashes:
+            pipe.sadd(self._index_prefix + member, *(block_hash.hex() for block_hash in hashes))
+            pipe.pexpire(self._index_prefix + member, self._ttl_ms)
+
+    def _queue_drop(self, pipe: Pipeline, member: str) -> None:
+        # NOTE: EVAL with the body, not EVALSHA: stays one round trip even right after a Redis restart.
+        pipe.eval(_DROP_POD_LUA, 1, self._index_prefix + member, member, self._block_prefix)
+
+    async def _rewrite(self, member: str) -> bool:
+        """Drop (if dirty) and rewrite the member's whole held set, in chunks; the write lock is held."""
+        hashes = list(self._held.get(member, ()))
+        expiry_ms = self._expiry_ms()
+        for start in range(0, max(len(hashes), 1), _REFRESH_CHUNK):
+            pipe = self._redis.pipeline(transaction=False)
+            if start == 0 and member in self._dirty:
+                self._queue_drop(pipe, member)
+            self._queue_store(pipe, member, hashes[start : start + _REFRESH_CHUNK], expiry_ms)
+            if len(pipe) and not await self._execute(pipe, "refresh"):
+                self._dirty.add(member)
+                return False
+        self._dirty.discard(member)
+        return True
+
+    async def _refresh_loop(self, pod_id: str, generation: int, interval_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        # NOTE: redis-py can swallow a cancellation (asyncio.wait_for on Python 3.11); a pending one ends the loop.
+        while not task.cancelling():
+            await asyncio.sleep(interval_s)
+            await self.refresh(pod_id, generation)
+
+    async def _execute(self, pipe: Pipeline, what: str) -> bool:
+        try:
+            await pipe.execute()
+        except RedisError as exc:
+            self._publish_errors += 1
+            self._on_failure(what, exc)
+            return False
+        self._on_success()
+        return True
+
+    def _expiry_ms(self) -> int:
+        return int(time.time() * 1000) + self._ttl_ms
+
+    def _on_failure(self, what: str, exc: RedisError) -> None:
+        if not self._failing:
+            logger.warning("prefix directory: Redis %s failed, degrading until it answers again: %s", what, exc)
+        self._failing = True
+
+    def _on_success(self) -> None:
+        if self._failing:
+            logger.info("prefix directory: Redis answers again")
+        self._failing = False

@@ -1,0 +1,1 @@
+"""gRPC service running the engine in the decode role."""

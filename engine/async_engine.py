@@ -1,0 +1,121 @@
+"""Runs an `LLMEngine` on its own thread for asyncio services (the prefill and decode pods).
+
+The engine is single-threaded: every call that touches it is queued as a command and executed on the
+engine thread between steps. Step outputs go back to each request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from engine.llm_engine import LLMEngine
+from engine.scheduler_output import EngineOutput
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+StepHook = Callable[[LLMEngine, list[EngineOutput]], None]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped on an error; no request can make progress."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, on_step: StepHook | None = None) -> None:
+        self.engine = engine
+        self._on_step = on_step
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[EngineOutput | BaseException]]] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._commands.put(lambda: None)
+        self._thread.join(timeout=10)
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps and return its result."""
+        future: Future[T] = Future()
+
+        def command() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._submit(command)
+        return await asyncio.wrap_future(future)
+
+    async def generate(self, req_id: str, add: Callable[[LLMEngine], None]) -> AsyncIterator[EngineOutput]:
+        """Submit a request with `add(engine)` (e.g. `engine.add_request(...)`) and stream its outputs.
+
+        Closing the iterator early (the caller was cancelled) aborts the request and frees its KV.
+        """
+        stream: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        self._streams[req_id] = (asyncio.get_running_loop(), stream)
+        finished = False
+        try:
+            await self.call(add)
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(req_id, None)
+            if not finished and self._error is None:
+                self.abort(req_id)
+
+    def abort(self, req_id: str) -> None:
+        self._submit(lambda: self._dispatch(self.engine.abort_requests([req_id])))
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"engine thread failed: {self._error!r}")
+        self._commands.put(command)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._run_commands(block=not self.engine.has_unfinished_requests())
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    if self._on_step is not None:
+                        self._on_step(self.engine, outputs)
+                    self._dispatch(outputs)
+        except BaseException as exc:
+            logger.exception("engine thread failed")
+            self._error = exc
+            for loop, stream in list(self._streams.values()):
+                loop.call_soon_threadsafe(stream.put_nowait, EngineDeadError(f"engine thread failed: {exc!r}"))
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, outputs: list[EngineOutput]) -> None:
+        for output in outputs:
+            target = self._streams.get(output.req_id)
+            if target is not None:
+                loop, stream = target
+                loop.call_soon_threadsafe(stream.put_nowait, output)

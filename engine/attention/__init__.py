@@ -1,0 +1,1 @@
+"""Attention backends behind one interface, chosen once at start-up."""

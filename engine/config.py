@@ -1,0 +1,119 @@
+"""Engine configuration: frozen dataclasses, one per concern, validated on construction.
+
+Values measured at run time (number of KV blocks, EOS ids) live in `engine.runtime_info`, never here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.config import doc
+from common.errors import InvalidArgumentError
+
+DEFAULT_MODEL = "smollm2-135m"
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(field_name, message)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata=doc("HF model folder (config.json + safetensors) or a packaged alias such as smollm2-135m"),
+    )
+    dtype: str = field(
+        default="auto",
+        metadata=doc(
+            "weights and activations dtype: auto (the checkpoint's, float32 on CPU), float32, float16, bfloat16"
+        ),
+    )
+    device: str = field(default="auto", metadata=doc("torch device: auto (cuda if present, else cpu), cpu, cuda"))
+    seed: int = field(default=0, metadata=doc("seed for weight init of random models and unseeded sampling"))
+    max_model_len: int | None = field(
+        default=None, metadata=doc("longest prompt + output in tokens; default: the model's max_position_embeddings")
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model), "model", "must name a model folder or alias")
+        _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "device",
+            f"must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+        _require(
+            self.max_model_len is None or self.max_model_len > 0,
+            "max_model_len",
+            f"must be > 0, got {self.max_model_len}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = field(default=16, metadata=doc("tokens per KV block"))
+    num_blocks: int | None = field(
+        default=None,
+        metadata=doc(
+            "KV blocks in the pool; default: sized from gpu_memory_utilization (GPU) or kv_cache_memory_gib (CPU)"
+        ),
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata=doc("fraction of GPU memory the engine may use, weights and KV pool together")
+    )
+    kv_cache_memory_gib: float = field(default=1.0, metadata=doc("KV pool size on CPU, in GiB"))
+    enable_prefix_caching: bool = field(default=True, metadata=doc("reuse KV blocks of equal prompt prefixes"))
+    cache_salt: str | None = field(
+        default=None, metadata=doc("mixed into every block hash: caches with different salts never share blocks")
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+            "block_size",
+            f"must be a power of two, got {self.block_size}",
+        )
+        _require(self.num_blocks is None or self.num_blocks > 0, "num_blocks", f"must be > 0, got {self.num_blocks}")
+        _require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        _require(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", f"must be > 0, got {self.kv_cache_memory_gib}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=256, metadata=doc("most requests running in one batch"))
+    max_num_batched_tokens: int = field(default=8192, metadata=doc("most tokens computed in one step"))
+    long_prefill_token_threshold: int | None = field(
+        default=None,
+        metadata=doc("chunk size: most prompt tokens one request computes in a step; default: max_num_batched_tokens"),
+    )
+    policy: str = field(default="fcfs", metadata=doc("fcfs, or priority (lower value first, then arrival)"))
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs > 0, "max_num_seqs", f"must be > 0, got {self.max_num_seqs}")
+        _require(
+            self.max_num_batched_tokens > 0, "max_num_batched_tokens", f"must be > 0, got {self.max_num_batched_tokens}"
+        )
+        _require(
+            self.long_prefill_token_threshold is None or self.long_prefill_token_threshold > 0,
+            "long_prefill_token_threshold",
+            f"must be > 0, got {self.long_prefill_token_threshold}",
+        )
+        _require(self.policy in ("fcfs", "priority"), "policy", f"must be fcfs or priority, got {self.policy!r}")
+
+    @property
+    def chunk_size(self) -> int:
+        return min(self.long_prefill_token_threshold or self.max_num_batched_tokens, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

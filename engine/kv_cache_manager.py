@@ -1,0 +1,165 @@
+"""Per-request KV block tables over one `BlockPool`, with prefix caching: what the scheduler calls.
+
+A request's life, as the scheduler drives it:
+1. `get_computed_blocks(req_id, token_ids)`: the longest cached prefix of full blocks (no refs taken).
+2. `allocate_slots(req_id, num_tokens, computed_blocks)`: the first call puts the hit blocks at the
+   head of the block table and adds new blocks; later calls grow the table as tokens are computed.
+3. `cache_blocks(req_id, token_ids, num_computed_tokens)` after each step: newly full, computed blocks
+   become shareable.
+4. `free(req_id)` on finish, abort or preemption. A preempted request starts again at step 1 and
+   usually hits its own blocks, still cached in the free queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.block_hash import BlockHash, hash_block_tokens
+from engine.block_pool import BlockPool, KVBlock
+from engine.kv_cache_events import KVCacheEvent
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix cache lookups, in tokens: `queries` looked up, `hits` found cached."""
+
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Block tables of running requests and their prefix cache hits, over a pool of `num_blocks`."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        extra_keys: tuple[str, ...] = (),
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.extra_keys = extra_keys
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.stats = PrefixCacheStats()
+        self._req_blocks: dict[str, list[KVBlock]] = {}
+        # NOTE: a request's block hashes only ever grow with its tokens; dropped on free.
+        self._req_block_hashes: dict[str, list[BlockHash]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+        self._pending_lookups: dict[str, tuple[int, int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (cached free blocks included)."""
+        return self.block_pool.num_free_blocks
+
+    def usage(self) -> float:
+        """Fraction of the pool held by requests."""
+        return self.block_pool.usage
+
+    def get_block_ids(self, req_id: str) -> list[int]:
+        """The request's block table (empty for an unknown request)."""
+        return [block.block_id for block in self._req_blocks.get(req_id, ())]
+
+    def get_computed_blocks(self, req_id: str, token_ids: Sequence[int]) -> tuple[list[KVBlock], int]:
+        """Longest verified cached prefix of full blocks, and its length in tokens.
+
+        At least one token is always left to compute (the step must produce logits), so at most
+        `(len(token_ids) - 1) // block_size` blocks are returned. No ref counts change.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        block_hashes = self._block_hashes(req_id, token_ids)
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        computed: list[KVBlock] = []
+        for i, block_hash in enumerate(block_hashes[:max_blocks]):
+            start = i * self.block_size
+            block = self.block_pool.get_cached_block(block_hash, token_ids[start : start + self.block_size])
+            if block is None:
+                break
+            computed.append(block)
+        num_computed_tokens = len(computed) * self.block_size
+        # NOTE: counted when the request is admitted (allocate_slots), not per lookup: a request waiting
+        # for blocks is looked up every step.
+        self._pending_lookups[req_id] = (len(token_ids), num_computed_tokens)
+        return computed, num_computed_tokens
+
+    def allocate_slots(self, req_id: str, num_tokens: int, computed_blocks: Sequence[KVBlock] = ()) -> list[int] | None:
+        """Make the request hold `ceil(num_tokens / block_size)` blocks; return the new block ids.
+
+        `computed_blocks` (from `get_computed_blocks`) are only accepted on the request's first
+        allocation, where they become the head of its block table. Returns None, changing nothing,
+        when the free queue cannot supply the blocks.
+        """
+        held = self._req_blocks.get(req_id)
+        if held is not None and computed_blocks:
+            raise ValueError(f"request {req_id!r} already holds blocks; computed_blocks must be empty")
+        num_held = len(held) if held is not None else len(computed_blocks)
+        num_new = max(-(-num_tokens // self.block_size) - num_held, 0)
+        # NOTE: touching a cached free block takes it out of the free queue, so it costs budget too.
+        num_revived = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        if num_new + num_revived > self.block_pool.num_free_blocks:
+            return None
+        if held is None:
+            queries, hits = self._pending_lookups.pop(req_id, (0, 0))
+            self.stats.queries += queries
+            self.stats.hits += hits
+            self.block_pool.touch(computed_blocks)
+            held = self._req_blocks[req_id] = list(computed_blocks)
+            self._num_cached_blocks[req_id] = len(computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        held.extend(new_blocks)
+        return [block.block_id for block in new_blocks]
+
+    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """Cache the request's blocks that are full and fully computed, in order, each once."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self._req_blocks[req_id]
+        num_cached = self._num_cached_blocks[req_id]
+        num_full = min(num_computed_tokens // self.block_size, len(token_ids) // self.block_size, len(blocks))
+        if num_full <= num_cached:
+            return
+        block_hashes = self._block_hashes(req_id, token_ids)
+        for i in range(num_cached, num_full):
+            start = i * self.block_size
+            self.block_pool.cache_full_block(
+                blocks[i],
+                block_hashes[i],
+                token_ids[start : start + self.block_size],
+                parent_block_hash=block_hashes[i - 1] if i > 0 else None,
+            )
+        self._num_cached_blocks[req_id] = num_full
+
+    def free(self, req_id: str) -> None:
+        """Release the request's blocks, tail first, so a cached prefix is evicted from its tail first."""
+        blocks = self._req_blocks.pop(req_id, None)
+        self._req_block_hashes.pop(req_id, None)
+        self._pending_lookups.pop(req_id, None)
+        self._num_cached_blocks.pop(req_id, None)
+        if blocks is not None:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash; False (nothing done) while any request holds blocks."""
+        return self.block_pool.reset_prefix_cache()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Cache events since the last call, for the directory publisher."""
+        return self.block_pool.take_events()
+
+    def _block_hashes(self, req_id: str, token_ids: Sequence[int]) -> list[BlockHash]:
+        """The request's chained hashes of its full blocks, extended for tokens added since last time."""
+        block_hashes = self._req_block_hashes.setdefault(req_id, [])
+        for i in range(len(block_hashes), len(token_ids) // self.block_size):
+            start = i * self.block_size
+            parent = block_hashes[-1] if block_hashes else None
+            block_hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size], self.extra_keys))
+        return block_hashes

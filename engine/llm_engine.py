@@ -1,0 +1,132 @@
+"""The engine loop both pod roles and the offline API share: schedule, run, update."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from common.block_hash import block_extra_keys
+from common.errors import InvalidArgumentError
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.model_runner import ModelRunner
+from engine.model_store import resolve_model
+from engine.request import Request
+from engine.runtime_info import RuntimeInfo
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.scheduler_output import EngineOutput
+
+logger = logging.getLogger(__name__)
+
+
+def _eos_token_ids(folder: Path, from_config: tuple[int, ...]) -> tuple[int, ...]:
+    path = folder / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+    extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return tuple(dict.fromkeys([*from_config, *extra]))
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_path = resolve_model(config.model.model)
+        self.runner = ModelRunner(config, self.model_path)
+        arch = self.runner.arch
+        max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        if arch.sliding_window is not None:
+            max_model_len = min(max_model_len, arch.sliding_window)
+        pool_tokens = self.runner.num_blocks * config.cache.block_size
+        if max_model_len > pool_tokens:
+            logger.warning("max_model_len %d capped to the KV pool's %d tokens", max_model_len, pool_tokens)
+            max_model_len = pool_tokens
+        self.info = RuntimeInfo(
+            model_id=config.model.model,
+            device=str(self.runner.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            num_blocks=self.runner.num_blocks,
+            block_size=config.cache.block_size,
+            max_model_len=max_model_len,
+            vocab_size=arch.vocab_size,
+            eos_token_ids=_eos_token_ids(self.model_path, arch.eos_token_ids),
+        )
+        self.kv_cache_manager = KVCacheManager(
+            self.runner.num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, max_model_len)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidArgumentError naming the field for input the engine cannot serve."""
+        if not prompt_token_ids:
+            raise InvalidArgumentError("prompt", "must not be empty")
+        vocab = self.info.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgumentError("prompt_token_ids", f"token id {bad} outside the vocabulary [0, {vocab})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.info.max_model_len:
+            raise InvalidArgumentError(
+                "max_tokens",
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds max_model_len {self.info.max_model_len}",
+            )
+
+    def add_request(
+        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams, hold_kv: bool = False
+    ) -> None:
+        """Queue a request. With `hold_kv` (prefill pods) its blocks outlive it until `release_kv`."""
+        self.validate(prompt_token_ids, params)
+        self._check_new_id(req_id)
+        self.scheduler.add_request(Request(req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv))
+
+    def _check_new_id(self, req_id: str) -> None:
+        if req_id in self.scheduler.requests or req_id in self.scheduler.held_kv:
+            raise InvalidArgumentError("request_id", f"{req_id!r} is already in use")
+
+    def reserve_kv(self, req_id: str, num_tokens: int) -> list[int] | None:
+        """Decode pods: allocate blocks for `num_tokens` of prompt KV that will arrive from a prefill pod.
+
+        Returns the block ids, or None when the pool cannot supply them now.
+        """
+        self._check_new_id(req_id)
+        if self.kv_cache_manager.get_block_ids(req_id):
+            raise InvalidArgumentError("request_id", f"{req_id!r} already holds reserved blocks")
+        return self.kv_cache_manager.allocate_slots(req_id, num_tokens)
+
+    def add_prefilled_request(
+        self, req_id: str, prompt_token_ids: list[int], first_token_id: int, params: SamplingParams
+    ) -> None:
+        """Decode pods: admit a request whose prompt KV has arrived in its reserved blocks."""
+        self.validate(prompt_token_ids, params)
+        num_blocks = len(self.kv_cache_manager.get_block_ids(req_id))
+        if num_blocks * self.info.block_size < len(prompt_token_ids):
+            raise InvalidArgumentError(
+                "request_id",
+                f"{req_id!r} has {num_blocks} reserved blocks, too few for {len(prompt_token_ids)} prompt tokens",
+            )
+        self.scheduler.add_request(
+            Request.prefilled(req_id, prompt_token_ids, first_token_id, params, self.info.eos_token_ids)
+        )
+
+    def release_kv(self, req_id: str) -> None:
+        """Free the blocks a finished prefill request held or a decode reservation took."""
+        self.scheduler.release_kv(req_id)
+
+    def kv_progress(self, req_id: str) -> tuple[list[int], int] | None:
+        """(block ids, tokens whose KV is computed) of a running or held request, None if unknown."""
+        return self.scheduler.kv_progress(req_id)
+
+    def abort_requests(self, req_ids: list[str]) -> list[EngineOutput]:
+        return self.scheduler.abort_requests(req_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)

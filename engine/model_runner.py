@@ -1,0 +1,174 @@
+"""Runs one scheduled step on the model: builds the flat batch, runs the forward pass, samples.
+
+The runner owns the device state (weights, KV pool, per-request generators) and never touches queues.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.attention.backend import AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.config import CacheConfig, EngineConfig
+from engine.models.arch_config import ArchConfig
+from engine.models.loader import load_model
+from engine.sampler import Sampler, SamplingBatch
+from engine.scheduler_output import RunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dtype:
+    """`auto`: float32 on CPU; on GPU the checkpoint's 16-bit dtype, else bfloat16."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return _DTYPES[arch.torch_dtype] if arch.torch_dtype in ("float16", "bfloat16") else torch.bfloat16
+
+
+@dataclass(slots=True)
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logits_indices: list[int]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_path: Path) -> None:
+        self.device = resolve_device(config.model.device)
+        self.arch = ArchConfig.from_folder(model_path)
+        self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
+        self.block_size = config.cache.block_size
+        backend = TorchAttentionBackend(self.block_size, scale=self.arch.head_dim**-0.5)
+        self.model = load_model(model_path, backend, self.dtype, self.device)
+        self.num_blocks = self._num_kv_blocks(config.cache)
+        self.kv_cache = torch.zeros(
+            (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self._seed_rng = random.Random(config.model.seed)
+        logger.info(
+            "model %s on %s (%s), KV pool %d blocks x %d tokens",
+            model_path.name,
+            self.device,
+            self.dtype,
+            self.num_blocks,
+            self.block_size,
+        )
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.kv_cache[0].numel() * self.kv_cache.element_size()
+
+    def _num_kv_blocks(self, cache: CacheConfig) -> int:
+        if cache.num_blocks is not None:
+            return cache.num_blocks
+        block_nbytes = (
+            self.arch.num_layers
+            * 2
+            * self.block_size
+            * self.arch.num_kv_heads
+            * self.arch.head_dim
+            * torch.finfo(self.dtype).bits
+            // 8
+        )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(total * cache.gpu_memory_utilization) - (total - free)
+        else:
+            budget = int(cache.kv_cache_memory_gib * 2**30)
+        if budget < block_nbytes:
+            raise MemoryError(f"no memory left for the KV pool (budget {budget} bytes, one block {block_nbytes})")
+        return budget // block_nbytes
+
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInput:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        query_start_loc = [0]
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        bs = self.block_size
+        for req in scheduler_output.scheduled:
+            start, end = req.num_computed_tokens, req.num_computed_tokens + len(req.token_ids)
+            input_ids.extend(req.token_ids)
+            positions.extend(range(start, end))
+            slot_mapping.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            query_start_loc.append(len(input_ids))
+            seq_lens.append(end)
+            if req.sample:
+                logits_indices.append(len(input_ids) - 1)
+        max_blocks = max(len(r.block_ids) for r in scheduler_output.scheduled)
+        block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in scheduler_output.scheduled]
+        metadata = AttentionMetadata(
+            query_start_loc=self._tensor(query_start_loc, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            block_table=self._tensor(block_table, torch.int32),
+            slot_mapping=self._tensor(slot_mapping, torch.int64),
+            max_query_len=max(b - a for a, b in itertools.pairwise(query_start_loc)),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+        )
+        return ModelInput(
+            self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), metadata, logits_indices
+        )
+
+    def _tensor(self, data: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        for req_id in scheduler_output.finished_req_ids:
+            self.generators.pop(req_id, None)
+        if not scheduler_output.scheduled:
+            return RunnerOutput()
+        inputs = self.prepare_inputs(scheduler_output)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+        sampling = [r for r in scheduler_output.scheduled if r.sample]
+        if not sampling:
+            return RunnerOutput()
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        batch = SamplingBatch(
+            params=[r.sampling_params for r in sampling],
+            generators=[
+                None if r.sampling_params.greedy else self._generator(r.req_id, r.sampling_params.seed)
+                for r in sampling
+            ],
+            prompt_token_ids=[r.prompt_token_ids for r in sampling],
+            output_token_ids=[r.output_token_ids for r in sampling],
+        )
+        out = self.sampler(logits, batch)
+        req_ids = [r.req_id for r in sampling]
+        return RunnerOutput(
+            dict(zip(req_ids, out.sampled_token_ids, strict=True)), dict(zip(req_ids, out.logprobs, strict=True))
+        )
+
+    def _generator(self, req_id: str, seed: int | None) -> torch.Generator:
+        """The request's own RNG stream: its samples do not depend on what else is in the batch."""
+        generator = self.generators.get(req_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(self._seed_rng.getrandbits(63) if seed is None else seed)
+            self.generators[req_id] = generator
+        return generator

@@ -1,0 +1,1 @@
+"""Native model implementations, loaded straight from HF config.json + safetensors."""

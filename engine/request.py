@@ -1,0 +1,97 @@
+"""One generation request as the scheduler tracks it."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+class Request:
+    """Token ids so far (prompt + output) and how many of them have KV in the pool.
+
+    NOTE: prefill, prefix hits and recompute after preemption are one mechanism: each step computes some of
+    the tokens in `all_token_ids[num_computed_tokens:]`; a token is sampled once all are computed.
+    """
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: tuple[int, ...] = (),
+        arrival_time: float | None = None,
+        hold_kv: bool = False,
+    ) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling_params = sampling_params
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids) | (
+            frozenset() if sampling_params.ignore_eos else frozenset(eos_token_ids)
+        )
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | None = None
+        # NOTE: a prefill pod's request keeps its blocks after finishing, until its KV has been shipped.
+        self.hold_kv = hold_kv
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def priority(self) -> int:
+        return self.sampling_params.priority
+
+    @classmethod
+    def prefilled(
+        cls,
+        req_id: str,
+        prompt_token_ids: list[int],
+        first_token_id: int,
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...],
+    ) -> Request:
+        """A request whose prompt KV is already in its blocks (received from a prefill pod) and whose
+        first token was sampled there; it continues from token 2."""
+        request = cls(req_id, prompt_token_ids, params, eos_token_ids)
+        request.append_output_token(first_token_id)
+        request.num_computed_tokens = len(prompt_token_ids)
+        return request
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> RequestStatus | None:
+        """The finished status the newest output token leads to, if any."""
+        last = self.output_token_ids[-1]
+        if last in self.stop_token_ids:
+            self.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+        if len(self.output_token_ids) >= self.sampling_params.max_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

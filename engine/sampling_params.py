@@ -1,0 +1,64 @@
+"""Per-request sampling parameters (vLLM-compatible names and meanings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import InvalidArgumentError
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(field_name, message)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    temperature == 0 is greedy. top_k == -1 and top_p == 1 and min_p == 0 disable those filters.
+    `seed` makes a request's samples reproducible, whatever else is in its batch.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        # NOTE: lists are accepted for convenience and frozen into tuples.
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
+        _require(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _require(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        _require(
+            -2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}"
+        )
+        _require(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty}",
+        )
+        _require(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _require(all(s for s in self.stop), "stop", "stop strings must be non-empty")
+        _require(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,204 @@
+"""Token-budget scheduler: continuous batching with chunked prefill, prefix hits and recompute preemption.
+
+Each step, running requests go first (decodes and unfinished prompt chunks, in admission order), then
+waiting ones are admitted while the token budget, `max_num_seqs` and free KV blocks allow. When a running
+request cannot get a block, the lowest-priority running request (the newest under fcfs) is preempted: its
+blocks are freed and it rejoins the front of the queue to be recomputed, mostly from the prefix cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from engine.block_pool import KVBlock
+from engine.config import SchedulerConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+from engine.scheduler_output import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._finished_req_ids: set[str] = set()
+        # Finished requests whose blocks stay allocated until `release_kv`: req_id -> num computed tokens.
+        self.held_kv: dict[str, int] = {}
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.req_id] = request
+        if self.config.policy == "priority":
+            index = next((i for i, r in enumerate(self.waiting) if _rank(r) > _rank(request)), len(self.waiting))
+            self.waiting.insert(index, request)
+        else:
+            self.waiting.append(request)
+
+    def abort_requests(self, req_ids: list[str]) -> list[EngineOutput]:
+        outputs = []
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.status.finished:
+                self.release_kv(req_id)
+                continue
+            if request in self.waiting:
+                self.waiting.remove(request)
+            else:
+                self.running.remove(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            outputs.append(_output(request, [], []))
+        return outputs
+
+    def release_kv(self, req_id: str) -> None:
+        """Free the blocks of a held (shipped) or reserved request; unknown ids are ignored."""
+        self.held_kv.pop(req_id, None)
+        if req_id not in self.requests:
+            self.kv.free(req_id)
+
+    def kv_progress(self, req_id: str) -> tuple[list[int], int] | None:
+        """(block ids, tokens with KV computed) of a running or held request."""
+        request = self.requests.get(req_id)
+        if request is not None:
+            return self.kv.get_block_ids(req_id), request.num_computed_tokens
+        if req_id in self.held_kv:
+            return self.kv.get_block_ids(req_id), self.held_kv[req_id]
+        return None
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        num_preemptions = self.num_preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, self.config.chunk_size, budget)
+            if not self._allocate_or_preempt(request, index, num_new):
+                break
+            scheduled.append(self._schedule(request, num_new))
+            budget -= num_new
+            index += 1
+        if self.num_preemptions == num_preemptions:
+            self._admit_waiting(budget, scheduled)
+        finished, self._finished_req_ids = frozenset(self._finished_req_ids), set()
+        return SchedulerOutput(scheduled, finished)
+
+    def _allocate_or_preempt(self, request: Request, index: int, num_new: int) -> bool:
+        """Blocks for `num_new` more tokens of running[index], preempting later requests if needed."""
+        while self.kv.allocate_slots(request.req_id, request.num_computed_tokens + num_new) is None:
+            candidates = self.running[index:]
+            victim = max(candidates, key=_rank) if self.config.policy == "priority" else candidates[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request.req_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        logger.warning(
+            "preempted request %s (recompute); KV pool too small for the load (%d preemptions so far)",
+            request.req_id,
+            self.num_preemptions,
+        )
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks: list[KVBlock]
+            if request.num_computed_tokens:
+                # Prefilled elsewhere: its prompt KV already sits in blocks it holds.
+                computed_blocks, num_computed = [], request.num_computed_tokens
+            else:
+                computed_blocks, num_computed = self.kv.get_computed_blocks(request.req_id, request.all_token_ids)
+            num_new = min(request.num_tokens - num_computed, self.config.chunk_size, budget)
+            if self.kv.allocate_slots(request.req_id, num_computed + num_new, computed_blocks) is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_computed
+            self.running.append(request)
+            scheduled.append(self._schedule(request, num_new))
+            budget -= num_new
+
+    def _schedule(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        request.num_computed_tokens += num_new
+        return ScheduledRequest(
+            req_id=request.req_id,
+            token_ids=request.all_token_ids[start : start + num_new],
+            num_computed_tokens=start,
+            block_ids=self.kv.get_block_ids(request.req_id),
+            sampling_params=request.sampling_params,
+            sample=request.num_computed_tokens == request.num_tokens,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+        )
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        outputs = []
+        for scheduled in scheduler_output.scheduled:
+            request = self.requests.get(scheduled.req_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            self.kv.cache_blocks(request.req_id, request.all_token_ids, request.num_computed_tokens)
+            token_id = runner_output.sampled_token_ids.get(request.req_id)
+            if token_id is None:
+                continue
+            request.append_output_token(token_id)
+            status = request.check_stop(self.max_model_len)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+            outputs.append(_output(request, [token_id], [runner_output.logprobs.get(request.req_id)]))
+        return outputs
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request.hold_kv and status is not RequestStatus.FINISHED_ABORTED:
+            self.held_kv[request.req_id] = request.num_computed_tokens
+        else:
+            self.kv.free(request.req_id)
+        del self.requests[request.req_id]
+        self._finished_req_ids.add(request.req_id)
+
+
+def _rank(request: Request) -> tuple[int, float]:
+    """Scheduling order under the priority policy: lower value first, then arrival."""
+    return request.priority, request.arrival_time
+
+
+def _output(request: Request, token_ids: list[int], logprobs: list[float | None]) -> EngineOutput:
+    return EngineOutput(
+        req_id=request.req_id,
+        new_token_ids=token_ids,
+        new_logprobs=logprobs,
+        finish_reason=request.status.value if request.status.finished else None,
+        stop_reason=request.stop_reason,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_cached_tokens=request.num_cached_tokens or 0,
+    )

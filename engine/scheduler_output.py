@@ -1,0 +1,55 @@
+"""Plain data the scheduler and the model runner exchange: no queues in, no tensors out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: compute KV for `token_ids` at positions `num_computed_tokens`..."""
+
+    req_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_ids: list[int]
+    sampling_params: SamplingParams
+    sample: bool  # the step completes this request's tokens: sample the next one
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    finished_req_ids: frozenset[str] = frozenset()
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.scheduled)
+
+
+@dataclass(slots=True, frozen=True)
+class RunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class EngineOutput:
+    """What one step produced for one request."""
+
+    req_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float | None]
+    finish_reason: str | None  # "stop", "length", "abort"
+    stop_reason: int | None  # the stop token id that matched, if any
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

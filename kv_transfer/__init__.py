@@ -1,0 +1,40 @@
+"""Moving KV blocks from prefill to decode: one interface (`base`), backends `tcp` and `in_process`.
+
+See `kv_transfer.base` for the lifecycle of a transfer and who owns which blocks when.
+"""
+
+from kv_transfer.base import KVReceiver, KVSender, TransferStats
+from kv_transfer.config import BACKENDS, KVTransferConfig
+from kv_transfer.factory import make_receiver, make_sender
+from kv_transfer.layout import KVLayout
+from kv_transfer.state import (
+    InvalidChunkError,
+    LayoutMismatchError,
+    TransferAbortedError,
+    TransferError,
+    TransferExpiredError,
+    TransferState,
+    TransferStateError,
+    TransportError,
+    UnknownTransferError,
+)
+
+__all__ = [
+    "BACKENDS",
+    "InvalidChunkError",
+    "KVLayout",
+    "KVReceiver",
+    "KVSender",
+    "KVTransferConfig",
+    "LayoutMismatchError",
+    "TransferAbortedError",
+    "TransferError",
+    "TransferExpiredError",
+    "TransferState",
+    "TransferStateError",
+    "TransferStats",
+    "TransportError",
+    "UnknownTransferError",
+    "make_receiver",
+    "make_sender",
+]

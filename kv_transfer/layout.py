@@ -1,0 +1,79 @@
+"""The KV layout descriptor both sides compare before any byte moves."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, astuple, dataclass, fields
+from typing import Any
+
+import torch
+
+from common.errors import InvalidArgumentError
+from kv_transfer.state import LayoutMismatchError
+
+POOL_DIMS = ("num_blocks", "num_layers", "kv", "block_size", "num_kv_heads", "head_dim")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called `name` ("float32", "bfloat16", ...)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError("dtype", f"not a torch dtype: {name!r}")
+    return dtype
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What one KV block holds. A pool is [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim],
+    so one block is `block_nbytes` contiguous bytes."""
+
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        torch_dtype(self.dtype)
+        for name in ("block_size", "num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(name, f"must be a positive int, got {value!r}")
+
+    @property
+    def block_nbytes(self) -> int:
+        elements = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+        return elements * torch_dtype(self.dtype).itemsize
+
+    @classmethod
+    def from_pool(cls, pool: torch.Tensor, block_size: int) -> KVLayout:
+        """The layout of a contiguous pool tensor shaped like POOL_DIMS."""
+        if pool.dim() != len(POOL_DIMS) or pool.shape[2] != 2:
+            raise InvalidArgumentError("pool", f"must be shaped {list(POOL_DIMS)} (kv = 2), got {list(pool.shape)}")
+        if pool.shape[3] != block_size:
+            raise InvalidArgumentError("block_size", f"{block_size} differs from the pool's {pool.shape[3]}")
+        if not pool.is_contiguous():
+            raise InvalidArgumentError("pool", "must be contiguous, so that each block is one run of bytes")
+        dtype = str(pool.dtype).removeprefix("torch.")
+        return cls(dtype, block_size, pool.shape[1], pool.shape[4], pool.shape[5])
+
+    def check_compatible(self, other: KVLayout) -> None:
+        """Raise LayoutMismatchError naming every field where `other` differs from this layout."""
+        differing = [
+            f.name
+            for f, ours, theirs in zip(fields(self), astuple(self), astuple(other), strict=True)
+            if ours != theirs
+        ]
+        if differing:
+            details = ", ".join(f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}" for name in differing)
+            raise LayoutMismatchError(f"KV layouts differ in {details}", differing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVLayout:
+        """Inverse of `to_dict`; unknown or missing keys are an InvalidArgumentError."""
+        names = {f.name for f in fields(cls)}
+        if set(data) != names:
+            raise InvalidArgumentError("layout", f"expected keys {sorted(names)}, got {sorted(data)}")
+        return cls(**data)

@@ -1,0 +1,1 @@
+"""pdserve protobuf and gRPC contracts (generated code lives in pdserve.v1)."""

@@ -1,0 +1,1 @@
+"""pdserve.v1: generated protobuf messages and gRPC stubs; sources are the .proto files beside them."""

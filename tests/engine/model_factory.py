@@ -1,0 +1,83 @@
+"""Test models and the transformers oracle: random-weight checkpoints of real architectures, prompts, greedy outputs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+_COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+TINY_CONFIGS: dict[str, PretrainedConfig] = {
+    "llama": LlamaConfig(
+        **_COMMON,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 128,
+        },
+    ),
+    "qwen2": Qwen2Config(**_COMMON),
+    "qwen3": Qwen3Config(**_COMMON, head_dim=32),
+}
+
+
+def save_tiny_model(name: str, folder: Path, seed: int = 0) -> Path:
+    """Create the named random-weight model in float32 and save it (config.json + safetensors)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[name], dtype=torch.float32)
+    model.save_pretrained(folder)
+    return folder
+
+
+NEW_TOKENS = 32
+
+
+def make_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """16 prompts of 1..300 tokens; some share a 64-token prefix so the prefix cache has work to do."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(vocab_size) for _ in range(64)]
+    lengths = [1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 128, 150, 200, 250, 299, 300]
+    prompts = []
+    for i, n in enumerate(lengths):
+        head = shared[: min(n, 64)] if i % 2 and n > 64 else []
+        prompts.append(head + [rng.randrange(vocab_size) for _ in range(n - len(head))])
+    return prompts
+
+
+@torch.no_grad()
+def hf_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers generate(do_sample=False), one prompt at a time (no padding), EOS ignored."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
+        outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
