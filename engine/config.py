@@ -25,6 +25,10 @@ class ModelConfig:
         default=DEFAULT_MODEL,
         metadata=doc("HF model folder (config.json + safetensors) or a packaged alias such as smollm2-135m"),
     )
+    load_format: str = field(
+        default="auto",
+        metadata=doc("auto: safetensors weights from the model folder; dummy: random weights (benchmarks)"),
+    )
     dtype: str = field(
         default="auto",
         metadata=doc(
@@ -39,6 +43,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model", "must name a model folder or alias")
+        _require(
+            self.load_format in ("auto", "dummy"), "load_format", f"must be auto or dummy, got {self.load_format!r}"
+        )
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
         _require(
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),

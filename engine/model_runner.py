@@ -17,7 +17,7 @@ from engine.attention.backend import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
 from engine.models.arch_config import ArchConfig
-from engine.models.loader import load_model
+from engine.models.loader import build_model, load_model
 from engine.sampler import Sampler, SamplingBatch
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
 
@@ -56,7 +56,11 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
         backend = TorchAttentionBackend(self.block_size, scale=self.arch.head_dim**-0.5)
-        self.model = load_model(model_path, backend, self.dtype, self.device)
+        if config.model.load_format == "dummy":
+            torch.manual_seed(config.model.seed)
+            self.model = build_model(self.arch, backend, self.dtype, self.device)
+        else:
+            self.model = load_model(model_path, backend, self.dtype, self.device)
         self.num_blocks = self._num_kv_blocks(config.cache)
         self.kv_cache = torch.zeros(
             (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
+from engine.models.shapes import SHAPE_PREFIX, shape_folder
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ def resolve_model(name: str) -> Path:
     """
     if name in _ALIASES:
         return _converted_alias(name)
+    if name.startswith(SHAPE_PREFIX):
+        try:
+            return shape_folder(name.removeprefix(SHAPE_PREFIX), cache_dir())
+        except KeyError as exc:
+            raise InvalidArgumentError("model", str(exc.args[0])) from None
     path = Path(name).expanduser()
     if not path.exists():
         raise InvalidArgumentError(

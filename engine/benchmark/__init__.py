@@ -1,0 +1,1 @@
+"""`pdserve bench`: the workloads of BENCHMARKS.md run against the engine in-process."""
