@@ -238,7 +238,11 @@ def test_reflection_lists_the_services() -> None:
             SERVICE,
         ]
         files = [FileDescriptorProto.FromString(f) for f in file.file_descriptor_response.file_descriptor_proto]
-        assert [f.name for f in files] == ["pdserve/v1/generation.proto", "pdserve/v1/sampling.proto"]
+        assert [f.name for f in files] == [
+            "pdserve/v1/generation.proto",
+            "google/protobuf/duration.proto",
+            "pdserve/v1/sampling.proto",
+        ]
         assert [s.name for s in files[0].service] == ["GenerationService"]
 
     _run(test)

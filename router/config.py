@@ -1,0 +1,73 @@
+"""Router configuration: frozen dataclasses whose fields are the `pdserve router` flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.config import doc
+from common.errors import InvalidArgumentError
+from engine.config import DEFAULT_MODEL
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(field_name, message)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    host: str = field(default="127.0.0.1", metadata=doc("address the public gRPC server binds"))
+    port: int = field(default=50051, metadata=doc("port of the public gRPC server (0 = a free port)"))
+    redis_url: str = field(
+        default="redis://127.0.0.1:6379/0", metadata=doc("Redis holding the pod registry and the prefix directory")
+    )
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata=doc("model folder or alias: the tokenizer, and the model id pods must be started with"),
+    )
+    tokenizer_pool_size: int = field(default=2, metadata=doc("tokenizer worker processes"))
+    block_size: int = field(default=16, metadata=doc("tokens per KV block; must equal the pods' --block-size"))
+    registry_refresh_s: float = field(default=1.0, metadata=doc("how often the live pod list is re-read"))
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+        _require(self.tokenizer_pool_size >= 1, "tokenizer_pool_size", f"must be >= 1, got {self.tokenizer_pool_size}")
+        _require(
+            self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+            "block_size",
+            f"must be a power of two, got {self.block_size}",
+        )
+        _require(self.registry_refresh_s > 0, "registry_refresh_s", f"must be > 0, got {self.registry_refresh_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    prefill_load_alpha: float = field(
+        default=1.0,
+        metadata=doc("cached prompt tokens one queued prefill token outweighs when picking the prefill pod"),
+    )
+    prefill_max_imbalance_tokens: int = field(
+        default=4096,
+        metadata=doc("with no cached prefix, skip the rendezvous pick while its queue exceeds the shortest by this"),
+    )
+    max_attempts: int = field(
+        default=3,
+        metadata=doc("pods tried per request when a pod is unavailable (or out of KV) before any token is streamed"),
+    )
+    unavailable_cooldown_s: float = field(
+        default=5.0, metadata=doc("how long a pod that answered UNAVAILABLE is skipped while other pods can serve")
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.prefill_load_alpha >= 0, "prefill_load_alpha", f"must be >= 0, got {self.prefill_load_alpha}")
+        _require(
+            self.prefill_max_imbalance_tokens >= 0,
+            "prefill_max_imbalance_tokens",
+            f"must be >= 0, got {self.prefill_max_imbalance_tokens}",
+        )
+        _require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")
+        _require(
+            self.unavailable_cooldown_s >= 0,
+            "unavailable_cooldown_s",
+            f"must be >= 0, got {self.unavailable_cooldown_s}",
+        )

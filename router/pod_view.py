@@ -1,0 +1,148 @@
+"""The router's live view of the pods: the registry, re-read every `refresh_s`, plus a client per pod.
+
+- A refresh that fails (Redis down or slow) keeps the last known list: pods keep serving while the
+  registry is away, and the next successful read replaces the list.
+- Pods whose TTL lapsed are gone from the registry, so from the next list. Draining pods stay in
+  the list (their in-flight requests finish) but are never offered for new requests.
+- Pods announcing another model are ignored: their block hashes and tokenizer would not match.
+- A pod that answered UNAVAILABLE is skipped for `cooldown_s` while other pods of its role remain.
+- One grpc.aio channel per pod, reused by every request; a channel whose pod left the list is
+  closed after a grace period (its in-flight calls may still be finishing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from common.errors import UnavailableError
+from common.pod_registry import PodInfo, PodRole
+from router.pod_client import PodClient
+from router.pod_load import PodLoad
+
+logger = logging.getLogger(__name__)
+
+_CHANNEL_GRACE_S = 60.0
+
+
+class PodLister(Protocol):
+    """Where the pods are listed: common.pod_registry.PodRegistry (or a test double)."""
+
+    async def list_pods(self, role: PodRole | None = None) -> list[PodInfo]:
+        """Every live pod; raises UnavailableError when the registry cannot be read."""
+        ...
+
+
+class PodView:
+    """Live pods by role, refreshed in the background; see the module docstring."""
+
+    def __init__(
+        self,
+        registry: PodLister,
+        model: str,
+        refresh_s: float,
+        load: PodLoad,
+        cooldown_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._model = model
+        self._refresh_s = refresh_s
+        self._load = load
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._pods: list[PodInfo] = []
+        self._clients: dict[str, PodClient] = {}
+        self._gone_since: dict[str, float] = {}
+        self._retired: list[tuple[float, PodClient]] = []
+        self._cooling_until: dict[str, float] = {}
+        self._warned_models: set[str] = set()
+        self._failing = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def all_pods(self) -> list[PodInfo]:
+        """Every pod of the last successful read (draining ones included), sorted by pod id."""
+        return list(self._pods)
+
+    def pods(self, role: PodRole) -> list[PodInfo]:
+        """Pods of `role` that may take a new request: not draining, and not cooling down after an
+        UNAVAILABLE answer unless no other pod of the role is left."""
+        serving = [pod for pod in self._pods if pod.role == role and not pod.draining]
+        now = self._clock()
+        warm = [pod for pod in serving if self._cooling_until.get(pod.pod_id, 0.0) <= now]
+        return warm or serving
+
+    def client(self, pod: PodInfo) -> PodClient:
+        """The cached client of `pod` (a new one when the pod moved to another address)."""
+        client = self._clients.get(pod.pod_id)
+        if client is None or client.address != pod.address:
+            if client is not None:
+                self._retired.append((self._clock(), client))
+            client = self._clients[pod.pod_id] = PodClient(pod.pod_id, pod.address)
+        return client
+
+    def report_unavailable(self, pod_id: str) -> None:
+        """A call to the pod failed with UNAVAILABLE: skip it for a while."""
+        self._cooling_until[pod_id] = self._clock() + self._cooldown_s
+
+    async def start(self) -> None:
+        """Read the registry once (failures are logged, not raised), then keep refreshing."""
+        await self.refresh()
+        self._task = asyncio.create_task(self._refresh_loop(), name="pod-view-refresh")
+
+    async def refresh(self) -> bool:
+        """One registry read; False (and the last list kept) when Redis did not answer."""
+        try:
+            listed = await self._registry.list_pods()
+        except UnavailableError as exc:
+            if not self._failing:
+                logger.warning("pod registry unreadable, keeping the last %d pods: %s", len(self._pods), exc)
+            self._failing = True
+            return False
+        if self._failing:
+            logger.info("pod registry readable again")
+        self._failing = False
+        self._pods = [pod for pod in listed if self._serves_our_model(pod)]
+        self._load.on_refresh()
+        await self._close_departed()
+        return True
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        clients = [*self._clients.values(), *(client for _, client in self._retired)]
+        self._clients, self._retired = {}, []
+        await asyncio.gather(*(client.aclose() for client in clients))
+
+    def _serves_our_model(self, pod: PodInfo) -> bool:
+        if pod.model == self._model:
+            return True
+        if pod.pod_id not in self._warned_models:
+            self._warned_models.add(pod.pod_id)
+            logger.warning("ignoring pod %s: it serves model %r, the router %r", pod.pod_id, pod.model, self._model)
+        return False
+
+    async def _close_departed(self) -> None:
+        present = {pod.pod_id for pod in self._pods}
+        now = self._clock()
+        for pod_id in list(self._clients):
+            if pod_id in present:
+                self._gone_since.pop(pod_id, None)
+            elif now - self._gone_since.setdefault(pod_id, now) >= _CHANNEL_GRACE_S:
+                del self._gone_since[pod_id]
+                await self._clients.pop(pod_id).aclose()
+        expired = [client for since, client in self._retired if now - since >= _CHANNEL_GRACE_S]
+        self._retired = [(since, client) for since, client in self._retired if now - since < _CHANNEL_GRACE_S]
+        await asyncio.gather(*(client.aclose() for client in expired))
+        self._cooling_until = {p: t for p, t in self._cooling_until.items() if t > now}
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await self.refresh()

@@ -1,0 +1,76 @@
+"""Protobuf <-> plain values shared by both of the router's gRPC edges (clients and pods)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from google.protobuf import duration_pb2
+
+from common.errors import InvalidArgumentError
+from engine.sampling_params import SamplingParams
+from pdserve.v1 import sampling_pb2
+from router.outputs import FinishReason, StopReason
+
+_FINISH_TO_PB: dict[FinishReason, sampling_pb2.FinishReason.ValueType] = {
+    "stop": sampling_pb2.FINISH_REASON_STOP,
+    "length": sampling_pb2.FINISH_REASON_LENGTH,
+    "abort": sampling_pb2.FINISH_REASON_ABORT,
+}
+_FINISH_FROM_PB: dict[sampling_pb2.FinishReason.ValueType, FinishReason] = {
+    pb: reason for reason, pb in _FINISH_TO_PB.items()
+}
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def sampling_params_from_pb(pb: sampling_pb2.SamplingParams) -> SamplingParams:
+    """The engine's SamplingParams; unset optional fields take the engine defaults.
+
+    Raises InvalidArgumentError naming the public field (`sampling_params.<name>`).
+    """
+    # NOTE: fields left at their proto default are the engine's defaults too (proto3 `optional` marks
+    # the others), so only the fields that are set matter; SamplingParams freezes repeated ones.
+    values: dict[str, Any] = {field.name: value for field, value in pb.ListFields() if field.name in _SAMPLING_FIELDS}
+    try:
+        return SamplingParams(**values)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"sampling_params.{exc.field}", exc.description) from None
+
+
+def sampling_params_to_pb(params: SamplingParams) -> sampling_pb2.SamplingParams:
+    """The wire form of `params`; every field is written explicitly (seed only when set)."""
+    values = {name: getattr(params, name) for name in _SAMPLING_FIELDS}
+    if values["seed"] is None:
+        del values["seed"]
+    return sampling_pb2.SamplingParams(**values)
+
+
+def finish_reason_to_pb(reason: FinishReason | None) -> sampling_pb2.FinishReason.ValueType:
+    return sampling_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
+
+
+def finish_reason_from_pb(value: sampling_pb2.FinishReason.ValueType) -> FinishReason | None:
+    return _FINISH_FROM_PB.get(value)
+
+
+def stop_reason_to_pb(reason: StopReason) -> sampling_pb2.StopReason | None:
+    if reason is None:
+        return None
+    if isinstance(reason, str):
+        return sampling_pb2.StopReason(stop_str=reason)
+    return sampling_pb2.StopReason(stop_token_id=reason)
+
+
+def stop_reason_from_pb(pb: sampling_pb2.StopReason) -> StopReason:
+    which = pb.WhichOneof("reason")
+    if which == "stop_str":
+        return pb.stop_str
+    if which == "stop_token_id":
+        return pb.stop_token_id
+    return None
+
+
+def duration_to_pb(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(round(seconds * 1e9))
+    return duration

@@ -1,0 +1,196 @@
+"""One Generate call end to end: validate, tokenize, hash, look up the prefix directory, then run
+its n completions (`router.completion_run`) and merge them into one stream.
+
+The completions of a call share the prompt, its block hashes and the directory's answer; each is
+routed and retried on its own, and completion i with a seed uses seed + i (as vLLM does), so the n
+samples differ yet stay reproducible. The stream's last chunk carries the usage of the whole call.
+Closing the stream early (the client cancelled, or the deadline passed) cancels every completion,
+and with them every call to a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.block_hash import BlockHash, block_extra_keys, hash_block_tokens, hash_prompt_blocks
+from common.errors import InvalidArgumentError
+from engine.sampling_params import SamplingParams
+from router.completion_run import CompletionRun, PromptPlan, RunContext
+from router.model_info import ModelInfo
+from router.outputs import CompletionChunk, Usage
+from router.tokenizer_pool import ChatMessage, TokenizerPool
+
+MAX_N = 128
+"""Most completions one call may ask for."""
+
+
+@dataclass(slots=True, frozen=True)
+class GenerateInput:
+    """A decoded Generate call; at most one of text, messages and token_ids is set."""
+
+    request_id: str
+    params: SamplingParams
+    text: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None
+
+
+class PrefixLookup(Protocol):
+    """The prefix directory's read side: common.prefix_directory.PrefixDirectory (or a test double)."""
+
+    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, int]:
+        """Per live pod, how many leading blocks of the prompt it holds; {} when unknown."""
+        ...
+
+
+class RequestLifecycle:
+    """Runs Generate and Tokenize calls for the router's servicer."""
+
+    def __init__(
+        self, model: ModelInfo, tokenizer_pool: TokenizerPool, directory: PrefixLookup, context: RunContext
+    ) -> None:
+        self._model = model
+        self._tokenizer_pool = tokenizer_pool
+        self._directory = directory
+        self._ctx = context
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._model
+
+    async def tokenize(self, text: str | None, messages: Sequence[ChatMessage] | None) -> list[int]:
+        """A prompt's token ids, exactly as Generate uses them; InvalidArgumentError for an empty one."""
+        if messages is not None:
+            if not messages:
+                raise InvalidArgumentError("messages", "must hold at least one message")
+            return await self._tokenizer_pool.encode_chat(messages)
+        if text is None:
+            raise InvalidArgumentError("text", "no prompt: set one of text, messages or token_ids")
+        if not text:
+            raise InvalidArgumentError("text", "must not be empty")
+        token_ids = await self._tokenizer_pool.encode(text)
+        if not token_ids:
+            raise InvalidArgumentError("text", "encodes to no tokens")
+        return token_ids
+
+    async def generate(self, request: GenerateInput, timeout_s: float | None) -> AsyncGenerator[CompletionChunk, None]:
+        """The call's chunks, completions interleaved; raises pdserve errors (or a pod's AioRpcError)."""
+        arrival = self._ctx.clock()
+        params = request.params
+        if params.n > MAX_N:
+            raise InvalidArgumentError("sampling_params.n", f"must be <= {MAX_N}, got {params.n}")
+        token_ids = await self._prompt_token_ids(request)
+        self._check_length(len(token_ids), params.max_tokens)
+        plan = await self._plan(request, token_ids, arrival, timeout_s)
+        runs = [
+            CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run() for index in range(params.n)
+        ]
+        num_open = params.n
+        num_completion_tokens = 0
+        num_cached_tokens = len(token_ids)
+        async with contextlib.aclosing(_merged(runs)) as chunks:
+            async for chunk in chunks:
+                num_completion_tokens += len(chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    num_open -= 1
+                    # NOTE: each completion prefilled the prompt; report what every one of them reused.
+                    num_cached_tokens = min(num_cached_tokens, chunk.num_cached_tokens)
+                if num_open == 0:
+                    usage = Usage(len(token_ids), num_completion_tokens, num_cached_tokens)
+                    chunk = dataclasses.replace(chunk, usage=usage)
+                yield chunk
+
+    async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
+        if request.token_ids is None:
+            return await self.tokenize(request.text, request.messages)
+        if not request.token_ids:
+            raise InvalidArgumentError("token_ids", "must not be empty")
+        vocab_size = self._model.vocab_size
+        for position, token_id in enumerate(request.token_ids):
+            if not 0 <= token_id < vocab_size:
+                raise InvalidArgumentError(
+                    "token_ids", f"token id {token_id} at position {position} is outside the vocabulary "
+                    f"[0, {vocab_size})",
+                )  # fmt: skip
+        return list(request.token_ids)
+
+    def _check_length(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        total = num_prompt_tokens + max_tokens
+        if total > self._model.max_model_len:
+            raise InvalidArgumentError(
+                "sampling_params.max_tokens",
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"max_model_len {self._model.max_model_len}",
+            )
+
+    async def _plan(
+        self, request: GenerateInput, token_ids: list[int], arrival: float, timeout_s: float | None
+    ) -> PromptPlan:
+        extra_keys = block_extra_keys(self._model.model_id, request.cache_salt)
+        block_hashes = hash_prompt_blocks(token_ids, self._model.block_size, extra_keys)
+        # NOTE: a prompt shorter than a block has no block hash; its (partial) hash still sends equal
+        # short prompts to one pod, though nothing of it is cached.
+        routing_key = block_hashes[0] if block_hashes else hash_block_tokens(None, token_ids, extra_keys)
+        cached_blocks: dict[str, int] = {}
+        if block_hashes:
+            live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
+            cached_blocks = await self._directory.longest_prefix(block_hashes, live)
+        return PromptPlan(
+            # NOTE: the tag keeps pod-side ids unique when callers reuse a request_id.
+            request_id=f"{request.request_id}.{secrets.token_hex(4)}",
+            token_ids=token_ids,
+            routing_key=routing_key,
+            cached_blocks=cached_blocks,
+            cache_salt=request.cache_salt,
+            arrival=arrival,
+            deadline=None if timeout_s is None else arrival + timeout_s,
+        )
+
+
+def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
+    seed = None if params.seed is None else params.seed + index
+    return dataclasses.replace(params, n=1, seed=seed)
+
+
+async def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:
+    """The runs' chunks as they come. An error in one run ends the stream with that error; closing the
+    stream (or an error) cancels every run still going."""
+    if len(runs) == 1:
+        async with contextlib.aclosing(runs[0]) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        return
+    queue: asyncio.Queue[CompletionChunk | BaseException | None] = asyncio.Queue()
+
+    async def pump(run: AsyncGenerator[CompletionChunk, None]) -> None:
+        try:
+            async with contextlib.aclosing(run) as chunks:
+                async for chunk in chunks:
+                    queue.put_nowait(chunk)
+        except Exception as exc:
+            queue.put_nowait(exc)
+        else:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(run), name="completion") for run in runs]
+    try:
+        num_running = len(tasks)
+        while num_running:
+            item = await queue.get()
+            if item is None:
+                num_running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,118 @@
+"""The public gRPC servicer: decode protobuf, call the router's core, encode protobuf.
+
+Errors are raised as pdserve errors (or a pod's grpc.aio.AioRpcError, passed through) and turned
+into statuses with google.rpc details by common.grpc_errors.ErrorInterceptor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc.aio
+
+from engine.sampling_params import SamplingParams
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
+from router.outputs import CompletionChunk, CompletionMetrics
+from router.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
+from router.request_lifecycle import GenerateInput, RequestLifecycle
+from router.tokenizer_pool import ChatMessage
+
+SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
+    """pdserve.v1.GenerationService over a RequestLifecycle."""
+
+    def __init__(self, lifecycle: RequestLifecycle) -> None:
+        self._lifecycle = lifecycle
+
+    async def Generate(
+        self, request: generation_pb2.GenerateRequest, context: Context
+    ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        call = _generate_input(request)
+        async with contextlib.aclosing(self._lifecycle.generate(call, context.time_remaining())) as chunks:
+            async for chunk in chunks:
+                yield _response(call.request_id, chunk)
+
+    async def GetModelInfo(
+        self, request: generation_pb2.GetModelInfoRequest, context: Context
+    ) -> generation_pb2.GetModelInfoResponse:
+        model = self._lifecycle.model
+        return generation_pb2.GetModelInfoResponse(
+            model_id=model.model_id,
+            max_model_len=model.max_model_len,
+            vocab_size=model.vocab_size,
+            block_size=model.block_size,
+            eos_token_ids=model.eos_token_ids,
+        )
+
+    async def Tokenize(
+        self, request: generation_pb2.TokenizeRequest, context: Context
+    ) -> generation_pb2.TokenizeResponse:
+        which = request.WhichOneof("input")
+        token_ids = await self._lifecycle.tokenize(
+            request.text if which == "text" else None,
+            _chat_messages(request.messages) if which == "messages" else None,
+        )
+        return generation_pb2.TokenizeResponse(token_ids=token_ids, num_tokens=len(token_ids))
+
+
+def _generate_input(request: generation_pb2.GenerateRequest) -> GenerateInput:
+    which = request.WhichOneof("input")
+    params = (
+        sampling_params_from_pb(request.sampling_params) if request.HasField("sampling_params") else SamplingParams()
+    )
+    return GenerateInput(
+        request_id=request.request_id or uuid.uuid4().hex,
+        params=params,
+        text=request.text if which == "text" else None,
+        messages=_chat_messages(request.messages) if which == "messages" else None,
+        token_ids=tuple(request.token_ids.token_ids) if which == "token_ids" else None,
+        cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
+    )
+
+
+def _chat_messages(messages: generation_pb2.ChatMessages) -> tuple[ChatMessage, ...]:
+    return tuple(ChatMessage(m.role, m.content) for m in messages.messages)
+
+
+def _response(request_id: str, chunk: CompletionChunk) -> generation_pb2.GenerateResponse:
+    response = generation_pb2.GenerateResponse(
+        request_id=request_id,
+        index=chunk.index,
+        text=chunk.text,
+        token_ids=chunk.token_ids,
+        logprobs=chunk.logprobs,
+        finish_reason=finish_reason_to_pb(chunk.finish_reason),
+        stop_reason=stop_reason_to_pb(chunk.stop_reason),
+    )
+    if chunk.metrics is not None:
+        response.metrics.CopyFrom(_metrics(chunk.metrics))
+    if chunk.usage is not None:
+        response.usage.CopyFrom(
+            sampling_pb2.Usage(
+                prompt_tokens=chunk.usage.prompt_tokens,
+                completion_tokens=chunk.usage.completion_tokens,
+                cached_prompt_tokens=chunk.usage.cached_prompt_tokens,
+            )
+        )
+    return response
+
+
+def _metrics(metrics: CompletionMetrics) -> generation_pb2.RequestMetrics:
+    pb = generation_pb2.RequestMetrics(
+        prefill_pod_id=metrics.prefill_pod_id,
+        decode_pod_id=metrics.decode_pod_id,
+        kv_transfer_bytes=metrics.kv_transfer_bytes,
+        kv_transfer_duration=duration_to_pb(metrics.kv_transfer_duration_s),
+        time_to_first_token=duration_to_pb(metrics.time_to_first_token_s),
+        num_attempts=metrics.num_attempts,
+    )
+    if metrics.time_to_first_decode_token_s is not None:
+        pb.time_to_first_decode_token.CopyFrom(duration_to_pb(metrics.time_to_first_decode_token_s))
+    return pb

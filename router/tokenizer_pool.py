@@ -1,0 +1,270 @@
+"""Tokenization off the event loop: a pool of worker processes, each holding the model's tokenizer.
+
+Each worker talks to the router over its own socket pair, read and written by the event loop
+directly: one request costs a pickled string out and a list of ids back, with no executor threads
+in between (a ProcessPoolExecutor round trip costs ~3-10x more). Requests go to the worker with
+the fewest outstanding ones. Workers are forked from a forkserver that has imported this module
+(and transformers) once, so starting N workers costs one import, not N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from common.errors import InvalidArgumentError, UnavailableError
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!i")
+"""Frame header of multiprocessing.Connection.send_bytes (the worker's side) for frames < 2 GiB."""
+_OK, _INVALID, _ERROR = "ok", "invalid", "error"
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True, frozen=True)
+class ChatMessage:
+    """One message of a chat conversation, as the chat template reads it."""
+
+    role: str
+    content: str
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The model's fast tokenizer (tokenizer.json + tokenizer_config.json + chat template).
+
+    NOTE: PreTrainedTokenizerFast, not AutoTokenizer: AutoTokenizer imports torch (seconds of start-up
+    and hundreds of MB per process) and the router needs none of it.
+    """
+    tokenizer: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(folder)
+    return tokenizer
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    # NOTE: the Rust tokenizer directly: the same ids as tokenizer.encode(text), without its Python overhead.
+    ids: list[int] = tokenizer.backend_tokenizer.encode(text, add_special_tokens=True).ids
+    return ids
+
+
+def _encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    rendered: str = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # NOTE: the template wrote the special tokens (BOS, role markers) itself; transformers adds none either.
+    ids: list[int] = tokenizer.backend_tokenizer.encode(rendered, add_special_tokens=False).ids
+    return ids
+
+
+_OPERATIONS: dict[str, Callable[[PreTrainedTokenizerBase, Any], list[int]]] = {"encode": _encode, "chat": _encode_chat}
+
+
+def _worker_main(conn: Connection, folder: Path) -> None:
+    """A worker process: load the tokenizer, say ready, then answer (id, op, arg) frames until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        tokenizer = load_tokenizer(folder)
+    except Exception as exc:
+        conn.send_bytes(pickle.dumps((0, _ERROR, f"loading the tokenizer from {folder} failed: {exc!r}")))
+        return
+    conn.send_bytes(pickle.dumps((0, _OK, os.getpid())))
+    while True:
+        try:
+            request_id, op, arg = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        reply: tuple[int, str, Any]
+        try:
+            reply = (request_id, _OK, _OPERATIONS[op](tokenizer, arg))
+        except TemplateError as exc:
+            reply = (request_id, _INVALID, str(exc))
+        except Exception as exc:
+            reply = (request_id, _ERROR, repr(exc))
+        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class _Worker:
+    """The router's end of one worker process: its socket and its outstanding requests."""
+
+    def __init__(
+        self,
+        process: BaseProcess,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_exit: Callable[[_Worker], None],
+    ) -> None:
+        self.process = process
+        self._on_exit = on_exit
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._read_task: asyncio.Task[None] | None = None
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def alive(self) -> bool:
+        return self._read_task is not None and not self._read_task.done()
+
+    async def wait_ready(self) -> int:
+        """The worker's pid once it has loaded the tokenizer; then start reading replies."""
+        _, status, value = await self._read_frame()
+        if status != _OK:
+            raise RuntimeError(value)
+        self._read_task = asyncio.create_task(self._read_replies(), name=f"tokenizer-worker-{value}")
+        return int(value)
+
+    async def call(self, op: str, arg: Any) -> tuple[str, Any]:
+        """(status, value) of one operation on the worker."""
+        if not self.alive:
+            raise UnavailableError("tokenizer worker is gone")
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            data = pickle.dumps((request_id, op, arg), protocol=pickle.HIGHEST_PROTOCOL)
+            self._writer.write(_HEADER.pack(len(data)) + data)
+            await self._writer.drain()
+            status, value = await future
+        finally:
+            self._pending.pop(request_id, None)
+        return status, value
+
+    async def aclose(self) -> None:
+        if self._read_task is not None:
+            self._read_task.cancel()
+            await asyncio.gather(self._read_task, return_exceptions=True)
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+        await asyncio.to_thread(self.process.join, _JOIN_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+
+    async def _read_frame(self) -> tuple[int, str, Any]:
+        (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
+        frame: tuple[int, str, Any] = pickle.loads(await self._reader.readexactly(size))
+        return frame
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                request_id, status, value = await self._read_frame()
+                future = self._pending.get(request_id)
+                if future is not None and not future.done():
+                    future.set_result((status, value))
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            logger.error(
+                "tokenizer worker %s exited (%r); %d requests failed", self.process.pid, exc, len(self._pending)
+            )
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(UnavailableError("tokenizer worker died; retry"))
+            self._on_exit(self)
+
+
+class TokenizerPool:
+    """`size` worker processes tokenizing prompts for the router; async API, safe to share."""
+
+    def __init__(self, model_folder: Path, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self._folder = model_folder
+        self._size = size
+        self._workers: list[_Worker] = []
+        self._replacing: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Start every worker and wait until each has loaded the tokenizer."""
+        workers = await asyncio.gather(*(self._start_worker() for _ in range(self._size)))
+        self._workers = list(workers)
+        logger.info("tokenizer pool ready: %d workers (pids %s)", self._size, [w.process.pid for w in workers])
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the running workers."""
+        return [worker.process.pid for worker in self._workers if worker.alive and worker.process.pid is not None]
+
+    async def encode(self, text: str) -> list[int]:
+        """Token ids of a text prompt, special tokens (e.g. BOS) added as the tokenizer does."""
+        ids: list[int] = await self._call("encode", text)
+        return ids
+
+    async def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids of a conversation rendered by the chat template, with the generation prompt.
+
+        Raises InvalidArgumentError("messages", ...) when the template rejects the conversation.
+        """
+        ids: list[int] = await self._call("chat", [{"role": m.role, "content": m.content} for m in messages])
+        return ids
+
+    async def aclose(self) -> None:
+        """Stop the workers (each exits when its socket closes)."""
+        self._closed = True
+        for task in list(self._replacing):
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
+        workers, self._workers = self._workers, []
+        await asyncio.gather(*(worker.aclose() for worker in workers))
+
+    async def _call(self, op: str, arg: Any) -> Any:
+        if not self._workers:
+            raise RuntimeError("TokenizerPool.start() was not awaited")
+        worker = min(self._workers, key=lambda w: (not w.alive, w.num_pending))
+        if not worker.alive:
+            raise UnavailableError("no tokenizer worker is running; retry")
+        status, value = await worker.call(op, arg)
+        if status == _INVALID:
+            raise InvalidArgumentError("messages", f"the chat template rejected the messages: {value}")
+        if status != _OK:
+            raise RuntimeError(f"tokenizer worker failed on {op}: {value}")
+        return value
+
+    async def _start_worker(self) -> _Worker:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        parent_end, child_end = context.Pipe(duplex=True)
+        process = context.Process(
+            target=_worker_main, args=(child_end, self._folder), name="pdserve-tokenizer", daemon=True
+        )
+        process.start()
+        child_end.close()
+        # NOTE: a duplex Pipe is a Unix socket pair; the event loop reads and writes the router's end.
+        sock = socket.socket(fileno=os.dup(parent_end.fileno()))
+        parent_end.close()
+        reader, writer = await asyncio.open_connection(sock=sock)
+        worker = _Worker(process, reader, writer, on_exit=self._replace)
+        await worker.wait_ready()
+        return worker
+
+    def _replace(self, dead: _Worker) -> None:
+        """Start a worker in place of `dead` in the background (once per dead worker)."""
+        if self._closed or any(task.get_name() == f"replace-{id(dead)}" for task in self._replacing):
+            return
+
+        async def replace() -> None:
+            worker = await self._start_worker()
+            self._workers = [worker if w is dead else w for w in self._workers]
+            await dead.aclose()
+
+        task = asyncio.create_task(replace(), name=f"replace-{id(dead)}")
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)

@@ -1,0 +1,38 @@
+"""`pdserve router` flags, and the router process staying free of torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.__main__ import parse_args
+from router.config import RouterConfig, RoutingConfig
+
+
+def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    config, routing = parse_args(["--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3",
+                                  "--registry-refresh-s", "0.5", "--max-attempts", "5"])  # fmt: skip
+    assert config == RouterConfig(port=0, redis_url="redis://r:1/0", tokenizer_pool_size=3, registry_refresh_s=0.5)
+    assert routing == RoutingConfig(max_attempts=5)
+    assert parse_args([]) == (RouterConfig(), RoutingConfig())
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--block-size", "24"])
+    assert info.value.code == 2
+    assert "--block-size: must be a power of two, got 24" in capsys.readouterr().err
+
+
+def test_the_router_imports_no_torch(smollm2_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; import router.__main__\n"
+        "from router.tokenizer_pool import load_tokenizer\n"
+        "tokenizer = load_tokenizer(Path(sys.argv[1]))\n"
+        "tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,129 @@
+"""PodView over a real Redis registry: refresh, outages, restarts, draining, model mismatch, cooldown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from common.pod_registry import PodInfo, PodRegistry
+from common.redis_server import RedisServer
+from router.pod_load import PodLoad
+from router.pod_view import PodView
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "smollm2-135m"
+P0 = PodInfo(pod_id="prefill-0", role="prefill", address="127.0.0.1:1", model=MODEL, generation=1)
+D0 = PodInfo(pod_id="decode-0", role="decode", address="127.0.0.1:2", model=MODEL, generation=1,
+             kv_endpoint="127.0.0.1:3", num_free_blocks=10, num_total_blocks=20)  # fmt: skip
+P1 = PodInfo(pod_id="prefill-1", role="prefill", address="127.0.0.1:4", model=MODEL, generation=7)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_keeps_the_last_list_while_redis_is_down_and_sees_new_pods_after_restart(
+    redis_server: RedisServer,
+) -> None:
+    # NOTE: short timeouts so each failed read costs little; the router's defaults are the registry's.
+    registry = PodRegistry(redis_server.url, ttl_s=30.0, timeout_s=0.2)
+    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    try:
+        await registry.register(P0)
+        await registry.register(D0)
+        assert await view.refresh()
+        assert view.pods("prefill") == [P0]
+        assert view.pods("decode") == [D0]
+
+        redis_server.stop()
+        assert not await view.refresh()
+        assert view.pods("prefill") == [P0]
+        assert view.pods("decode") == [D0]
+
+        redis_server.start()  # empty: nothing is persisted
+        await registry.register(P1)
+        assert await view.refresh()
+        assert view.pods("prefill") == [P1]
+        assert view.pods("decode") == []
+    finally:
+        await view.aclose()
+        await registry.aclose()
+
+
+async def test_draining_and_other_model_pods_take_no_new_requests(redis_server: RedisServer) -> None:
+    registry = PodRegistry(redis_server.url)
+    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    try:
+        await registry.register(dataclasses.replace(P0, draining=True))
+        await registry.register(dataclasses.replace(P1, model="another-model"))
+        await registry.register(D0)
+        assert await view.refresh()
+        assert view.pods("prefill") == []
+        assert [pod.pod_id for pod in view.all_pods] == ["decode-0", "prefill-0"]
+        await registry.register(P0)
+        assert await view.refresh()
+        assert view.pods("prefill") == [P0]
+    finally:
+        await view.aclose()
+        await registry.aclose()
+
+
+async def test_unavailable_pods_cool_down_unless_no_other_is_left(redis_server: RedisServer) -> None:
+    registry = PodRegistry(redis_server.url)
+    clock = _Clock()
+    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad(), cooldown_s=5.0, clock=clock)
+    try:
+        await registry.register(P0)
+        await registry.register(P1)
+        assert await view.refresh()
+        view.report_unavailable("prefill-0")
+        assert view.pods("prefill") == [P1]
+        clock.now += 4.9
+        assert view.pods("prefill") == [P1]
+        clock.now += 0.1
+        assert view.pods("prefill") == [P0, P1]
+        view.report_unavailable("prefill-0")
+        view.report_unavailable("prefill-1")
+        assert view.pods("prefill") == [P0, P1]
+    finally:
+        await view.aclose()
+        await registry.aclose()
+
+
+async def test_one_client_per_pod_replaced_when_the_pod_moves(redis_server: RedisServer) -> None:
+    registry = PodRegistry(redis_server.url)
+    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    try:
+        client = view.client(P0)
+        assert view.client(P0) is client
+        assert (client.pod_id, client.address) == ("prefill-0", "127.0.0.1:1")
+        moved = view.client(dataclasses.replace(P0, address="127.0.0.1:9", generation=2))
+        assert moved is not client
+        assert moved.address == "127.0.0.1:9"
+    finally:
+        await view.aclose()
+        await registry.aclose()
+
+
+async def test_background_refresh_picks_up_a_new_pod(redis_server: RedisServer) -> None:
+    registry = PodRegistry(redis_server.url)
+    view = PodView(registry, MODEL, refresh_s=0.05, load=PodLoad())
+    try:
+        await view.start()
+        assert view.pods("prefill") == []
+        await registry.register(P0)
+        for _ in range(100):
+            if view.pods("prefill"):
+                break
+            await asyncio.sleep(0.02)
+        assert view.pods("prefill") == [P0]
+    finally:
+        await view.aclose()
+        await registry.aclose()
