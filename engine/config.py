@@ -36,6 +36,7 @@ class ModelConfig:
         ),
     )
     device: str = field(default="auto", metadata=doc("torch device: auto (cuda if present, else cpu), cpu, cuda"))
+    enforce_eager: bool = field(default=False, metadata=doc("run every step eagerly: no CUDA graphs"))
     seed: int = field(default=0, metadata=doc("seed for weight init of random models and unseeded sampling"))
     max_model_len: int | None = field(
         default=None, metadata=doc("longest prompt + output in tokens; default: the model's max_position_embeddings")

@@ -34,20 +34,13 @@ class LLMEngine:
         self.model_path = resolve_model(config.model.model)
         self.runner = ModelRunner(config, self.model_path)
         arch = self.runner.arch
-        max_model_len = config.model.max_model_len or arch.max_position_embeddings
-        if arch.sliding_window is not None:
-            max_model_len = min(max_model_len, arch.sliding_window)
-        pool_tokens = self.runner.num_blocks * config.cache.block_size
-        if max_model_len > pool_tokens:
-            logger.warning("max_model_len %d capped to the KV pool's %d tokens", max_model_len, pool_tokens)
-            max_model_len = pool_tokens
         self.info = RuntimeInfo(
             model_id=config.model.model,
             device=str(self.runner.device),
             dtype=str(self.runner.dtype).removeprefix("torch."),
             num_blocks=self.runner.num_blocks,
             block_size=config.cache.block_size,
-            max_model_len=max_model_len,
+            max_model_len=self.runner.max_model_len,
             vocab_size=arch.vocab_size,
             eos_token_ids=_eos_token_ids(self.model_path, arch.eos_token_ids),
         )
@@ -57,7 +50,7 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, max_model_len)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.runner.max_model_len)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""

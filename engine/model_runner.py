@@ -8,14 +8,15 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
+from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
+from engine.cuda_graph import CudaGraphRunner
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, load_model
 from engine.sampler import Sampler, SamplingBatch
@@ -24,6 +25,15 @@ from engine.scheduler_output import RunnerOutput, SchedulerOutput
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def make_attention_backend(device: torch.device, block_size: int, scale: float) -> AttentionBackend:
+    """Triton kernels on CUDA, the torch reference elsewhere (chosen once, at start-up)."""
+    if device.type == "cuda":
+        from engine.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(block_size, scale)
+    return TorchAttentionBackend(block_size, scale)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,6 +52,19 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
 
 
 @dataclass(slots=True)
+class FlatBatch:
+    """A step's requests laid end to end, as host lists."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    query_start_loc: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    logits_indices: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ModelInput:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -55,7 +78,7 @@ class ModelRunner:
         self.arch = ArchConfig.from_folder(model_path)
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
-        backend = TorchAttentionBackend(self.block_size, scale=self.arch.head_dim**-0.5)
+        backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         if config.model.load_format == "dummy":
             torch.manual_seed(config.model.seed)
             self.model = build_model(self.arch, backend, self.dtype, self.device)
@@ -68,6 +91,13 @@ class ModelRunner:
             device=self.device,
         )
         self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
+        self.max_model_len = self._max_model_len(config.model.max_model_len)
+        self.cuda_graphs: CudaGraphRunner | None = None
+        if self.device.type == "cuda" and not config.model.enforce_eager:
+            self.cuda_graphs = CudaGraphRunner(
+                self.model, self.kv_caches, config.scheduler.max_num_seqs, self.max_model_len, self.block_size
+            )
+            self.cuda_graphs.capture()
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self._seed_rng = random.Random(config.model.seed)
@@ -79,6 +109,16 @@ class ModelRunner:
             self.num_blocks,
             self.block_size,
         )
+
+    def _max_model_len(self, configured: int | None) -> int:
+        """The configured (or the model's) context length, capped by sliding window and KV pool size."""
+        max_model_len = configured or self.arch.max_position_embeddings
+        if self.arch.sliding_window is not None:
+            max_model_len = min(max_model_len, self.arch.sliding_window)
+        pool_tokens = self.num_blocks * self.block_size
+        if max_model_len > pool_tokens:
+            logger.warning("max_model_len %d capped to the KV pool's %d tokens", max_model_len, pool_tokens)
+        return min(max_model_len, pool_tokens)
 
     @property
     def block_nbytes(self) -> int:
@@ -105,38 +145,58 @@ class ModelRunner:
             raise MemoryError(f"no memory left for the KV pool (budget {budget} bytes, one block {block_nbytes})")
         return budget // block_nbytes
 
-    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInput:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
-        logits_indices: list[int] = []
+    def _flatten(self, scheduler_output: SchedulerOutput) -> FlatBatch:
+        flat = FlatBatch()
         bs = self.block_size
         for req in scheduler_output.scheduled:
             start, end = req.num_computed_tokens, req.num_computed_tokens + len(req.token_ids)
-            input_ids.extend(req.token_ids)
-            positions.extend(range(start, end))
-            slot_mapping.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            query_start_loc.append(len(input_ids))
-            seq_lens.append(end)
+            flat.input_ids.extend(req.token_ids)
+            flat.positions.extend(range(start, end))
+            flat.slot_mapping.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            flat.query_start_loc.append(len(flat.input_ids))
+            flat.seq_lens.append(end)
+            flat.block_tables.append(req.block_ids)
             if req.sample:
-                logits_indices.append(len(input_ids) - 1)
-        max_blocks = max(len(r.block_ids) for r in scheduler_output.scheduled)
-        block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in scheduler_output.scheduled]
+                flat.logits_indices.append(len(flat.input_ids) - 1)
+        return flat
+
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInput:
+        flat = self._flatten(scheduler_output)
+        max_blocks = max(len(row) for row in flat.block_tables)
+        block_table = [row + [0] * (max_blocks - len(row)) for row in flat.block_tables]
+        qsl = flat.query_start_loc
         metadata = AttentionMetadata(
-            query_start_loc=self._tensor(query_start_loc, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
+            query_start_loc=self._tensor(qsl, torch.int32),
+            seq_lens=self._tensor(flat.seq_lens, torch.int32),
             block_table=self._tensor(block_table, torch.int32),
-            slot_mapping=self._tensor(slot_mapping, torch.int64),
-            max_query_len=max(b - a for a, b in itertools.pairwise(query_start_loc)),
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=query_start_loc,
-            seq_lens_cpu=seq_lens,
+            slot_mapping=self._tensor(flat.slot_mapping, torch.int64),
+            max_query_len=max(b - a for a, b in itertools.pairwise(qsl)),
+            max_seq_len=max(flat.seq_lens),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=flat.seq_lens,
         )
         return ModelInput(
-            self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), metadata, logits_indices
+            self._tensor(flat.input_ids, torch.int64),
+            self._tensor(flat.positions, torch.int64),
+            metadata,
+            flat.logits_indices,
         )
+
+    def _forward(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+        """Hidden states of the step's tokens (a CUDA graph replay for decode batches), and rows to sample."""
+        graphs = self.cuda_graphs
+        num_reqs = len(scheduler_output.scheduled)
+        if (
+            graphs is not None
+            and num_reqs <= graphs.max_batch_size
+            and all(len(r.token_ids) == 1 for r in scheduler_output.scheduled)
+        ):
+            flat = self._flatten(scheduler_output)
+            hidden = graphs.run(flat.input_ids, flat.positions, flat.slot_mapping, flat.seq_lens, flat.block_tables)
+            return hidden, flat.logits_indices
+        inputs = self.prepare_inputs(scheduler_output)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+        return hidden, inputs.logits_indices
 
     def _tensor(self, data: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
@@ -147,12 +207,11 @@ class ModelRunner:
             self.generators.pop(req_id, None)
         if not scheduler_output.scheduled:
             return RunnerOutput()
-        inputs = self.prepare_inputs(scheduler_output)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+        hidden, logits_indices = self._forward(scheduler_output)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
         if not sampling:
             return RunnerOutput()
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model.compute_logits(hidden[logits_indices])
         batch = SamplingBatch(
             params=[r.sampling_params for r in sampling],
             generators=[

@@ -64,12 +64,12 @@ def make_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 
 @torch.no_grad()
-def hf_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, device: str = "cpu") -> list[list[int]]:
     """transformers generate(do_sample=False), one prompt at a time (no padding), EOS ignored."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     outputs = []
     for prompt in prompts:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=device)
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

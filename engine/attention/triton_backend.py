@@ -1,0 +1,65 @@
+"""Paged attention on Triton kernels: a KV store, split-KV decode and varlen prefill, one launch each."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.triton_decode import decode_attention
+from engine.attention.triton_prefill import prefill_attention
+from engine.attention.triton_store_kv import store_kv
+
+# NOTE: splitting stops once a partition would hold fewer tokens than this; each split costs a partial write.
+MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 32
+PROGRAMS_PER_SM = 2
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Stores the step's K/V, then runs the decode kernel on requests with one query token and the prefill
+    kernel on the others. Which launches a step needs is read off integers of the metadata (no per-request
+    Python work per layer); each kernel skips the requests that the other one owns.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        if kv_cache.shape[2] != self.block_size:
+            raise ValueError(f"kv_cache block size {kv_cache.shape[2]} differs from the backend's {self.block_size}")
+        store_kv(key, value, kv_cache, metadata.slot_mapping)
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, output)
+        num_reqs, max_query_len = metadata.num_reqs, metadata.max_query_len
+        # NOTE: every request has max_query_len > 1 tokens when they add up to num_reqs * max_query_len.
+        if max_query_len == 1 or query.shape[0] != num_reqs * max_query_len:
+            num_splits = num_kv_splits(num_reqs * kv_cache.shape[3], metadata.max_seq_len, _num_sms(query.device))
+            decode_attention(*args, self.scale, num_splits)
+        if max_query_len > 1:
+            prefill_attention(*args, self.scale)
+        return output
+
+
+def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
+    """How many partitions each decode context is cut into so that the decode kernel fills the GPU.
+
+    Depends only on the batch's (request, KV head) count and max_seq_len (a bound): the kernel is correct
+    for any count, so a CUDA graph captured with one stays right for other context lengths.
+    """
+    wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_programs, 1))
+    by_length = -(-max_seq_len // MIN_SPLIT_TOKENS)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device; a small stand-in elsewhere (the Triton interpreter on CPU)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
