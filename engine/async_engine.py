@@ -49,6 +49,10 @@ class AsyncEngine:
         future: Future[T] = Future()
 
         def command() -> None:
+            # NOTE: a caller cancelled before its command ran gets nothing run (and setting a result on its
+            # cancelled future would raise InvalidStateError and kill the engine thread).
+            if not future.set_running_or_notify_cancel():
+                return
             try:
                 future.set_result(fn(self.engine))
             except Exception as exc:

@@ -70,7 +70,9 @@ class DecodeServiceServicer:
     def Decode(self, request, context):
         """Waits until every block of the transfer has arrived, admits the request into the running
         batch with its prompt KV already computed, and streams tokens from the second one on.
-        Cancelling the call aborts the request and frees its blocks.
+        Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
+        claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
+        lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

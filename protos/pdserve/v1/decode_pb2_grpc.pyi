@@ -43,7 +43,9 @@ class DecodeServiceStub:
     Decode: _grpc.UnaryStreamMultiCallable[_decode_pb2.DecodeRequest, _decode_pb2.DecodeResponse]
     """Waits until every block of the transfer has arrived, admits the request into the running
     batch with its prompt KV already computed, and streams tokens from the second one on.
-    Cancelling the call aborts the request and frees its blocks.
+    Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
+    claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
+    lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_decode_pb2.ReleaseRequest, _decode_pb2.ReleaseResponse]
     """Frees a reservation at once (the first token already ended the request). Releasing an unknown,
@@ -65,7 +67,9 @@ class DecodeServiceAsyncStub(DecodeServiceStub):
     Decode: _aio.UnaryStreamMultiCallable[_decode_pb2.DecodeRequest, _decode_pb2.DecodeResponse]  # type: ignore[assignment]
     """Waits until every block of the transfer has arrived, admits the request into the running
     batch with its prompt KV already computed, and streams tokens from the second one on.
-    Cancelling the call aborts the request and frees its blocks.
+    Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
+    claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
+    lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
     """
     Release: _aio.UnaryUnaryMultiCallable[_decode_pb2.ReleaseRequest, _decode_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Frees a reservation at once (the first token already ended the request). Releasing an unknown,
@@ -96,7 +100,9 @@ class DecodeServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_decode_pb2.DecodeResponse], _abc.AsyncIterator[_decode_pb2.DecodeResponse]]:
         """Waits until every block of the transfer has arrived, admits the request into the running
         batch with its prompt KV already computed, and streams tokens from the second one on.
-        Cancelling the call aborts the request and frees its blocks.
+        Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
+        claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
+        lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
         """
 
     @_abc_1.abstractmethod

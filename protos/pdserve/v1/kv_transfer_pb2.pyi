@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -107,6 +108,7 @@ class KVTarget(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     BLOCK_IDS_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     transfer_id: _builtins.str
     """Id of the transfer, chosen by the decode pod when it reserved the blocks."""
     backend: Global___TransferBackend.ValueType
@@ -121,6 +123,13 @@ class KVTarget(_message.Message):
     def layout(self) -> Global___KVLayout:
         """Layout of the decode pod's KV pool; the sender's must match it."""
 
+    @_builtins.property
+    def lease(self) -> _duration_pb2.Duration:
+        """How long the reservation holds without a chunk: a sender whose request waits longer than that
+        before its next chunk (e.g. queued behind other prefills) sends an empty chunk to renew it.
+        Unset: the sender assumes its own lease.
+        """
+
     def __init__(
         self,
         *,
@@ -129,10 +138,11 @@ class KVTarget(_message.Message):
         endpoint: _builtins.str = ...,
         block_ids: _abc.Iterable[_builtins.int] | None = ...,
         layout: Global___KVLayout | None = ...,
+        lease: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_ids", b"block_ids", "endpoint", b"endpoint", "layout", b"layout", "transfer_id", b"transfer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_ids", b"block_ids", "endpoint", b"endpoint", "layout", b"layout", "lease", b"lease", "transfer_id", b"transfer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

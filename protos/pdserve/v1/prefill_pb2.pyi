@@ -87,7 +87,8 @@ class FirstToken(_message.Message):
     """Number of prompt tokens whose KV came from the prefix cache."""
     finish_reason: _sampling_pb2.FinishReason.ValueType
     """Set when this token already ends the request (max_tokens == 1, or a stop or EOS token): the
-    router then calls DecodeService.Release instead of Decode. Unspecified otherwise.
+    stream ends with this message (no TransferDone) and the router calls DecodeService.Release
+    instead of Decode. Unspecified otherwise.
     """
     @_builtins.property
     def prefill_duration(self) -> _duration_pb2.Duration:
@@ -151,7 +152,9 @@ Global___TransferDone: _TypeAlias = TransferDone  # noqa: Y015
 
 @_typing.final
 class PrefillResponse(_message.Message):
-    """One message of a Prefill stream: FirstToken first, then TransferDone."""
+    """One message of a Prefill stream: FirstToken first, then TransferDone (unless the first token
+    ended the request).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -49,8 +49,11 @@ class PrefillServiceServicer:
     def Prefill(self, request, context):
         """Prefills the prompt (reusing the pod's prefix cache, in chunks), streams the first sampled
         token AT ONCE, ships each finished chunk's full blocks to kv_target while computing the next,
-        and ends the stream with TransferDone once the receiver has acknowledged the whole KV.
-        Cancelling the call aborts the request and its transfer and frees its blocks.
+        and ends the stream with TransferDone once the receiver has acknowledged the whole KV. If the
+        first token already ends the request, the transfer is aborted and the stream ends after it.
+        Cancelling the call aborts the request and its transfer and frees its blocks. Errors: a KV
+        layout differing from this pod's -> FAILED_PRECONDITION; the transfer failing, expiring or
+        being aborted by the decode pod -> ABORTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,11 @@ class PrefillServiceStub:
     Prefill: _grpc.UnaryStreamMultiCallable[_prefill_pb2.PrefillRequest, _prefill_pb2.PrefillResponse]
     """Prefills the prompt (reusing the pod's prefix cache, in chunks), streams the first sampled
     token AT ONCE, ships each finished chunk's full blocks to kv_target while computing the next,
-    and ends the stream with TransferDone once the receiver has acknowledged the whole KV.
-    Cancelling the call aborts the request and its transfer and frees its blocks.
+    and ends the stream with TransferDone once the receiver has acknowledged the whole KV. If the
+    first token already ends the request, the transfer is aborted and the stream ends after it.
+    Cancelling the call aborts the request and its transfer and frees its blocks. Errors: a KV
+    layout differing from this pod's -> FAILED_PRECONDITION; the transfer failing, expiring or
+    being aborted by the decode pod -> ABORTED.
     """
 
 @_typing.type_check_only
@@ -48,8 +51,11 @@ class PrefillServiceAsyncStub(PrefillServiceStub):
     Prefill: _aio.UnaryStreamMultiCallable[_prefill_pb2.PrefillRequest, _prefill_pb2.PrefillResponse]  # type: ignore[assignment]
     """Prefills the prompt (reusing the pod's prefix cache, in chunks), streams the first sampled
     token AT ONCE, ships each finished chunk's full blocks to kv_target while computing the next,
-    and ends the stream with TransferDone once the receiver has acknowledged the whole KV.
-    Cancelling the call aborts the request and its transfer and frees its blocks.
+    and ends the stream with TransferDone once the receiver has acknowledged the whole KV. If the
+    first token already ends the request, the transfer is aborted and the stream ends after it.
+    Cancelling the call aborts the request and its transfer and frees its blocks. Errors: a KV
+    layout differing from this pod's -> FAILED_PRECONDITION; the transfer failing, expiring or
+    being aborted by the decode pod -> ABORTED.
     """
 
 class PrefillServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -63,8 +69,11 @@ class PrefillServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_prefill_pb2.PrefillResponse], _abc.AsyncIterator[_prefill_pb2.PrefillResponse]]:
         """Prefills the prompt (reusing the pod's prefix cache, in chunks), streams the first sampled
         token AT ONCE, ships each finished chunk's full blocks to kv_target while computing the next,
-        and ends the stream with TransferDone once the receiver has acknowledged the whole KV.
-        Cancelling the call aborts the request and its transfer and frees its blocks.
+        and ends the stream with TransferDone once the receiver has acknowledged the whole KV. If the
+        first token already ends the request, the transfer is aborted and the stream ends after it.
+        Cancelling the call aborts the request and its transfer and frees its blocks. Errors: a KV
+        layout differing from this pod's -> FAILED_PRECONDITION; the transfer failing, expiring or
+        being aborted by the decode pod -> ABORTED.
         """
 
 def add_PrefillServiceServicer_to_server(servicer: PrefillServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,270 @@
+"""The life of a prefill or decode pod's process around its gRPC server, shared by both roles.
+
+1. `start_server`: bind and start the server; health says NOT_SERVING while the engine loads.
+2. `go_live(worker)`: register in the pod registry (with the worker's load), heartbeat every `heartbeat_s`,
+   health SERVING, and print the serving line `pdserve <role> serving on <host:port>` to stdout.
+3. `stopping` is set (SIGTERM/SIGINT with `install_signal_handlers`, or by the caller); then `drain`: the worker
+   refuses new requests, the registry entry says draining and health NOT_SERVING, in-flight requests finish
+   (bounded by `drain_timeout_s`), and the entry is removed.
+4. `stop`: the server stops and the registry client closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import grpc
+import grpc.aio
+
+from common.errors import UnavailableError
+from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
+from common.grpc_server import HealthState, add_standard_services
+from common.pod_registry import PodInfo, PodRegistry, PodRole
+from common.service_config import PodServerConfig, RegistryConfig
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.scheduler_output import EngineOutput
+from kv_transfer.state import LayoutMismatchError, TransferError, UnknownTransferError
+from kv_transfer.tcp.address import format_endpoint
+
+logger = logging.getLogger(__name__)
+
+POD_FIELD_PATHS = {**FIELD_PATHS, "prompt": "prompt_token_ids"}
+"""Engine field names -> fields of PrefillRequest / DecodeRequest (the prompt is token ids there)."""
+
+_DRAIN_POLL_S = 0.05
+_STOP_GRACE_S = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class PodLoad:
+    """What the registry heartbeat reports of the engine (read on the engine thread)."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+
+
+class PodWorker(Protocol):
+    """What the runtime needs of a pod's core worker."""
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests the pod still owes an answer (drain waits for 0)."""
+        ...
+
+    def start_draining(self) -> None:
+        """Refuse new requests (UNAVAILABLE) from now on; in-flight ones go on."""
+        ...
+
+    async def load(self) -> PodLoad: ...
+
+
+def read_load(engine: LLMEngine) -> PodLoad:
+    """The engine's load numbers; call on the engine thread (e.g. through AsyncEngine.call)."""
+    return PodLoad(
+        engine.scheduler.num_running,
+        engine.scheduler.num_waiting,
+        engine.kv_cache_manager.num_free_blocks,
+        engine.info.num_blocks,
+    )
+
+
+def engine_stream(
+    async_engine: AsyncEngine, req_id: str, add: Callable[[LLMEngine], None]
+) -> AsyncGenerator[EngineOutput, None]:
+    """`async_engine.generate(req_id, add)`, typed as the async generator it is (so it fits contextlib.aclosing,
+    which closes it, and so aborts the request, as soon as the caller stops)."""
+    return cast(AsyncGenerator[EngineOutput, None], async_engine.generate(req_id, add))
+
+
+def transfer_status_code(error: TransferError) -> grpc.StatusCode:
+    """The status that reports a KV transfer error to the caller."""
+    if isinstance(error, LayoutMismatchError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, UnknownTransferError):
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.ABORTED
+
+
+async def abort_with_transfer_error(
+    context: grpc.aio.ServicerContext[Any, Any], error: TransferError, request_id: str
+) -> None:
+    """End the RPC with the status of a KV transfer error; a no-op once the caller has gone (it often cancels its
+    call as soon as the other pod reports the same failure)."""
+    if context.cancelled() or context.done():
+        return
+    await context.abort(transfer_status_code(error), f"request {request_id!r}: {error}")
+
+
+async def load_engine(config: EngineConfig) -> LLMEngine:
+    """Build the engine on a worker thread (the event loop keeps answering health checks meanwhile)."""
+    logger.info("loading model %s ...", config.model.model)
+    start = time.monotonic()
+    engine = await asyncio.to_thread(LLMEngine, config)
+    logger.info(
+        "model %s loaded in %.1f s: %d KV blocks of %d tokens on %s",
+        config.model.model,
+        time.monotonic() - start,
+        engine.info.num_blocks,
+        engine.info.block_size,
+        engine.info.device,
+    )
+    return engine
+
+
+class PodRuntime:
+    """Server start/stop, health, registry entry + heartbeat, signals and draining of one pod."""
+
+    def __init__(
+        self,
+        role: PodRole,
+        model: str,
+        server_config: PodServerConfig,
+        registry_config: RegistryConfig,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        self.role = role
+        self.pod_id = registry_config.pod_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        self.generation = time.time_ns()
+        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(POD_FIELD_PATHS)])
+        self.stopping = stopping or asyncio.Event()
+        self.address = ""
+        self._model = model
+        self._server_config = server_config
+        self._heartbeat_s = registry_config.heartbeat_s
+        # NOTE: the entry outlives two missed heartbeats, so one slow beat never drops a live pod.
+        self._registry = PodRegistry(registry_config.redis_url, ttl_s=3 * registry_config.heartbeat_s)
+        self._health: HealthState | None = None
+        self._worker: PodWorker | None = None
+        self._kv_endpoint = ""
+        self._draining = False
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeat_stopped = asyncio.Event()
+
+    async def start_server(self, service_names: Sequence[str]) -> None:
+        """Add health and reflection, bind, and start serving NOT_SERVING; sets `address`."""
+        self._health = add_standard_services(self.server, service_names)
+        config = self._server_config
+        port = self.server.add_insecure_port(format_endpoint(config.host, config.port))
+        self.address = format_endpoint(config.public_host, port)
+        await self.server.start()
+        logger.info("%s %s: gRPC server on %s (NOT_SERVING until loaded)", self.role, self.pod_id, self.address)
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT set `stopping` (the caller then drains)."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    async def go_live(self, worker: PodWorker, kv_endpoint: str = "") -> None:
+        """Register with the worker's load, start the heartbeat, report SERVING and print the serving line."""
+        self._worker = worker
+        self._kv_endpoint = kv_endpoint
+        await self._beat(quiet=False)
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="pod-heartbeat")
+        await self._require_health().set_serving()
+        logger.info("%s %s serving on %s (generation %d)", self.role, self.pod_id, self.address, self.generation)
+        print(f"pdserve {self.role} serving on {self.address}", flush=True)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests, announce draining, let in-flight ones finish (bounded), deregister."""
+        self._draining = True
+        if self._worker is not None:
+            self._worker.start_draining()
+        await self._require_health().set_not_serving()
+        if self._worker is not None:
+            await self._beat(quiet=False)
+            await self._wait_idle(self._worker, timeout_s)
+        await self._stop_heartbeat()
+        try:
+            await self._registry.deregister(self.pod_id)
+        except UnavailableError as exc:
+            logger.warning("could not deregister %s (its entry lapses with its TTL): %s", self.pod_id, exc)
+        logger.info("%s %s drained and deregistered", self.role, self.pod_id)
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and the server, close the registry client."""
+        await self._stop_heartbeat()
+        await self.server.stop(_STOP_GRACE_S)
+        await self._registry.aclose()
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stopping.is_set():
+            logger.info("%s received again; already draining", signal.Signals(signum).name)
+            return
+        logger.info("%s received: draining %s", signal.Signals(signum).name, self.pod_id)
+        self.stopping.set()
+
+    async def _wait_idle(self, worker: PodWorker, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while worker.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        if worker.num_in_flight:
+            logger.warning("drain timed out after %.1f s with %d requests in flight", timeout_s, worker.num_in_flight)
+
+    async def _pod_info(self, worker: PodWorker) -> PodInfo:
+        load = await worker.load()
+        return PodInfo(
+            pod_id=self.pod_id,
+            role=self.role,
+            address=self.address,
+            model=self._model,
+            generation=self.generation,
+            kv_endpoint=self._kv_endpoint,
+            draining=self._draining,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_free_blocks=load.num_free_blocks,
+            num_total_blocks=load.num_total_blocks,
+        )
+
+    async def _beat(self, quiet: bool) -> bool:
+        """One heartbeat; False (logged unless `quiet`) if Redis failed. The entry is rewritten whole each time,
+        so a beat after an outage (or a Redis restart) registers the pod again."""
+        assert self._worker is not None
+        try:
+            await self._registry.heartbeat(await self._pod_info(self._worker))
+        except Exception as exc:  # Redis down, or the engine thread failed: keep beating, log once per outage.
+            if not quiet:
+                logger.warning("pod heartbeat failing, will keep trying every %.2f s: %s", self._heartbeat_s, exc)
+            return False
+        return True
+
+    async def _heartbeat_loop(self) -> None:
+        failing = False
+        while not self._heartbeat_stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heartbeat_stopped.wait(), self._heartbeat_s)
+            if self._heartbeat_stopped.is_set():
+                return
+            ok = await self._beat(quiet=failing)
+            if ok and failing:
+                logger.info("pod heartbeat recovered")
+            failing = not ok
+
+    async def _stop_heartbeat(self) -> None:
+        """Let the heartbeat finish its beat in progress and end.
+
+        NOTE: never cancelled mid-beat: a beat awaits Redis and the engine thread, and a cancellation there can be
+        swallowed by a client library (the loop would then beat forever) or leave a half-done call.
+        """
+        self._heartbeat_stopped.set()
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None:
+            await task
+
+    def _require_health(self) -> HealthState:
+        if self._health is None:
+            raise RuntimeError("start_server() first")
+        return self._health

@@ -1,0 +1,90 @@
+"""Settings of the prefill and decode pods' processes: gRPC server, registry, KV transfer.
+
+Each dataclass becomes CLI flags with `common.config.add_config_args` (field `kv_lease_s` -> `--kv-lease-s`);
+the engine's own settings come from engine.config. Values measured at run time (the bound port, the pod's
+generation) live in the running pod, never here.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from common.config import doc
+from common.errors import InvalidArgumentError
+from kv_transfer.config import BACKENDS, check_backend
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(field_name, message)
+
+
+def _check_port(field_name: str, port: int) -> None:
+    _require(0 <= port < 1 << 16, field_name, f"must be in [0, 65535], got {port}")
+
+
+@dataclass(frozen=True, slots=True)
+class PodServerConfig:
+    host: str = field(default="127.0.0.1", metadata=doc("address the gRPC server and a decode pod's KV receiver bind"))
+    port: int = field(default=0, metadata=doc("gRPC port (0: a free port; the pod registers the real one)"))
+    advertise_host: str | None = field(
+        default=None, metadata=doc("host other services dial; default: --host (the hostname for 0.0.0.0)")
+    )
+    drain_timeout_s: float = field(default=30.0, metadata=doc("on SIGTERM, how long in-flight requests may finish"))
+
+    def __post_init__(self) -> None:
+        _require(bool(self.host), "host", "must not be empty")
+        _check_port("port", self.port)
+        _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+
+    @property
+    def public_host(self) -> str:
+        """The host the pod registers: --advertise-host, else --host (this machine's name for a wildcard bind)."""
+        if self.advertise_host:
+            return self.advertise_host
+        return socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata=doc("Redis of the pod registry and directory"))
+    pod_id: str | None = field(default=None, metadata=doc("this pod's id; default: its role and a random suffix"))
+    heartbeat_s: float = field(default=1.0, metadata=doc("registry heartbeat period; the entry lives 3 periods"))
+
+    def __post_init__(self) -> None:
+        _require(
+            self.redis_url.startswith(("redis://", "rediss://", "unix://")),
+            "redis_url",
+            f"must be a redis:// URL, got {self.redis_url!r}",
+        )
+        _require(self.pod_id is None or bool(self.pod_id), "pod_id", "must not be empty")
+        _require(self.heartbeat_s > 0, "heartbeat_s", f"must be > 0, got {self.heartbeat_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class PodTransferConfig:
+    kv_transfer_backend: str = field(default="tcp", metadata=doc(f"how KV blocks move prefill -> decode: {BACKENDS}"))
+    kv_lease_s: float = field(
+        default=10.0,
+        metadata=doc(
+            "decode: how long a reservation waits for its claim or next chunk; prefill: for the next ack, and "
+            "the decode lease assumed for KV targets that name none"
+        ),
+    )
+    kv_connect_timeout_s: float = field(default=5.0, metadata=doc("prefill: KV connect and handshake timeout"))
+
+    def __post_init__(self) -> None:
+        check_backend(self.kv_transfer_backend)
+        _require(self.kv_lease_s > 0, "kv_lease_s", f"must be > 0, got {self.kv_lease_s}")
+        _require(self.kv_connect_timeout_s > 0, "kv_connect_timeout_s", f"must be > 0, got {self.kv_connect_timeout_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class KVReceiverConfig:
+    kv_port: int = field(default=0, metadata=doc("decode: KV receiver port (0: a free port); it binds --host"))
+
+    def __post_init__(self) -> None:
+        _check_port("kv_port", self.kv_port)

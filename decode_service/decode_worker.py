@@ -1,0 +1,224 @@
+"""DecodeWorker: the decode role's request path, over an engine thread and a KV receiver.
+
+Lifecycle of one request (its engine request id is the transfer id, chosen here at Reserve):
+1. Reserve: on the engine thread, `reserve_kv` takes ceil(num_prompt_tokens / block_size) blocks and the receiver
+   expects the transfer into them under a lease; no free blocks -> ResourceExhaustedError.
+2. A prefill pod writes the blocks. Decode waits until the transfer is DONE (polling the receiver: the event loop
+   never blocks), then on the engine thread claims it and admits the request with its prompt KV computed
+   (`add_prefilled_request`), and streams the tokens from the second one on.
+3. A reservation that ends without a claim (lease lapsed, Release, a failed or aborted transfer, a cancelled or
+   failed Decode call) fires the receiver's on_released hook, which frees its blocks in the engine.
+Cancelling a Decode call aborts its request (or the transfer it waits for); its blocks are freed either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from common.pod_runtime import PodLoad, engine_stream, read_load
+from engine.async_engine import AsyncEngine
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import EngineOutput
+from kv_transfer.base import KVReceiver
+from kv_transfer.layout import KVLayout
+from kv_transfer.state import TransferAbortedError, TransferError, TransferExpiredError, TransferState
+
+_MIN_POLL_S = 0.001
+_MAX_POLL_S = 0.005
+_ENDED_ERRORS: dict[TransferState, type[TransferError]] = {
+    TransferState.EXPIRED: TransferExpiredError,
+    TransferState.ABORTED: TransferAbortedError,
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Reservation:
+    """Blocks reserved for one request's prompt KV, and where and how a prefill pod must write them."""
+
+    transfer_id: str
+    block_ids: tuple[int, ...]
+    backend: str
+    endpoint: str
+    layout: KVLayout
+    lease_s: float
+
+
+class DecodeWorker:
+    """Serves Reserve, Decode and Release on one engine. Build it, `start()` it on the event loop, `aclose()` it."""
+
+    def __init__(self, engine: LLMEngine, receiver: KVReceiver, backend: str, lease_s: float) -> None:
+        self.info = engine.info
+        self._receiver = receiver
+        self._backend = backend
+        self._lease_s = lease_s
+        receiver.on_released = self._on_released
+        self._async_engine = AsyncEngine(engine, on_step=_drop_cache_events)
+        self._pending: set[str] = set()  # reserved, neither claimed nor ended yet
+        self._decoding: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    @property
+    def endpoint(self) -> str:
+        """Where prefill pods reach this pod's KV receiver."""
+        return self._receiver.endpoint
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._async_engine.start()
+
+    async def aclose(self) -> None:
+        """End live reservations (their blocks are freed), then stop the engine thread."""
+        await asyncio.to_thread(self._receiver.close)
+        await asyncio.to_thread(self._async_engine.stop)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._pending) + len(self._decoding)
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    async def load(self) -> PodLoad:
+        return await self._async_engine.call(read_load)
+
+    async def reserve(self, num_prompt_tokens: int, max_tokens: int) -> Reservation:
+        """Reserve the prompt's blocks under a lease (ResourceExhaustedError when the pool cannot supply them)."""
+        if self._draining:
+            raise UnavailableError("decode pod is draining")
+        self._check_reserve(num_prompt_tokens, max_tokens)
+        transfer_id = uuid.uuid4().hex
+
+        def reserve(engine: LLMEngine) -> list[int] | None:
+            return self._reserve_and_lease(engine, transfer_id, num_prompt_tokens)
+
+        # NOTE: counted as pending before its lease starts, so that the discard by its release always comes after.
+        self._pending.add(transfer_id)
+        try:
+            block_ids = await self._async_engine.call(reserve)
+        except BaseException:
+            self._pending.discard(transfer_id)
+            raise
+        if block_ids is None:
+            self._pending.discard(transfer_id)
+            raise ResourceExhaustedError(
+                f"no {-(-num_prompt_tokens // self.info.block_size)} free KV blocks for "
+                f"{num_prompt_tokens} prompt tokens"
+            )
+        return Reservation(
+            transfer_id, tuple(block_ids), self._backend, self._receiver.endpoint, self._receiver.layout, self._lease_s
+        )
+
+    async def decode(
+        self, transfer_id: str, prompt_token_ids: list[int], first_token_id: int, params: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        """Wait for the transfer, admit the request and stream its outputs (token 2 on).
+
+        Raises InvalidArgumentError for bad input and a TransferError if the transfer ends without DONE (or is
+        unknown); the reservation is freed then.
+        """
+        if transfer_id in self._decoding:
+            raise InvalidArgumentError("transfer_id", f"{transfer_id!r} is already being decoded")
+        self._decoding.add(transfer_id)
+        self._pending.discard(transfer_id)
+        try:
+            self._check_decode(prompt_token_ids, first_token_id, params)
+            await self._wait_for_transfer(transfer_id)
+
+            def admit(engine: LLMEngine) -> None:
+                self._admit(engine, transfer_id, prompt_token_ids, first_token_id, params)
+
+            async with aclosing(engine_stream(self._async_engine, transfer_id, admit)) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._decoding.discard(transfer_id)
+            self._receiver.abort(transfer_id)
+
+    def release(self, transfer_id: str) -> None:
+        """Free a reservation now; unknown, ended or claimed transfers are left alone."""
+        self._pending.discard(transfer_id)
+        self._receiver.abort(transfer_id)
+
+    def _check_reserve(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        if num_prompt_tokens < 1:
+            raise InvalidArgumentError("num_prompt_tokens", f"must be >= 1, got {num_prompt_tokens}")
+        if num_prompt_tokens + max_tokens > self.info.max_model_len:
+            raise InvalidArgumentError(
+                "max_tokens",
+                f"num_prompt_tokens ({num_prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
+                f"{self.info.max_model_len}",
+            )
+
+    def _reserve_and_lease(self, engine: LLMEngine, transfer_id: str, num_prompt_tokens: int) -> list[int] | None:
+        """Engine thread: reserve the blocks and start their lease in one command, so that a Reserve call cancelled
+        meanwhile leaves at worst a lease that lapses, never blocks without an owner."""
+        block_ids = engine.reserve_kv(transfer_id, num_prompt_tokens)
+        if block_ids is not None:
+            try:
+                self._receiver.expect(transfer_id, block_ids, self._lease_s)
+            except BaseException:
+                engine.release_kv(transfer_id)
+                raise
+        return block_ids
+
+    def _check_decode(self, prompt_token_ids: list[int], first_token_id: int, params: SamplingParams) -> None:
+        # NOTE: validate() only reads the engine's immutable RuntimeInfo: safe off the engine thread.
+        self._async_engine.engine.validate(prompt_token_ids, params)
+        if not 0 <= first_token_id < self.info.vocab_size:
+            raise InvalidArgumentError(
+                "first_token_id", f"{first_token_id} is outside the vocabulary [0, {self.info.vocab_size})"
+            )
+        if params.max_tokens < 2:
+            raise InvalidArgumentError(
+                "max_tokens",
+                "must be >= 2 for Decode (the first token came from the prefill pod); release the reservation instead",
+            )
+
+    async def _wait_for_transfer(self, transfer_id: str) -> None:
+        delay = _MIN_POLL_S
+        while not (state := self._receiver.state(transfer_id)).is_final:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, _MAX_POLL_S)
+        if state is not TransferState.DONE:
+            error = _ENDED_ERRORS.get(state, TransferError)
+            raise error(f"KV transfer {transfer_id!r} ended {state.value} before all blocks arrived")
+
+    def _admit(
+        self,
+        engine: LLMEngine,
+        transfer_id: str,
+        prompt_token_ids: list[int],
+        first_token_id: int,
+        params: SamplingParams,
+    ) -> None:
+        """Engine thread: claim the finished transfer and admit its request in one command."""
+        num_blocks = len(engine.kv_cache_manager.get_block_ids(transfer_id))
+        expected = -(-len(prompt_token_ids) // self.info.block_size)
+        if num_blocks != expected:
+            raise InvalidArgumentError(
+                "prompt_token_ids",
+                f"{len(prompt_token_ids)} tokens need {expected} blocks; the reservation holds {num_blocks}",
+            )
+        self._receiver.claim(transfer_id)
+        engine.add_prefilled_request(transfer_id, prompt_token_ids, first_token_id, params)
+
+    def _on_released(self, transfer_id: str, state: TransferState) -> None:
+        """Receiver housekeeping thread: a reservation ended without a claim; free its blocks.
+
+        NOTE: the reservation is no request, so abort_requests just releases its blocks (on the engine thread).
+        """
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._pending.discard, transfer_id)
+        self._async_engine.abort(transfer_id)
+
+
+def _drop_cache_events(engine: LLMEngine, outputs: list[EngineOutput]) -> None:
+    """Engine thread, after every step: decode pods publish no prefix cache, so its events are dropped."""
+    engine.kv_cache_manager.take_events()

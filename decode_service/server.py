@@ -1,0 +1,85 @@
+"""The DecodeService gRPC servicer: protobuf in, DecodeWorker, protobuf out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc.aio
+
+from common.errors import InvalidArgumentError, UnavailableError
+from common.grpc_errors import abort_with
+from common.pod_runtime import abort_with_transfer_error
+from decode_service.decode_worker import DecodeWorker, Reservation
+from engine.scheduler_output import EngineOutput
+from kv_transfer.state import TransferError
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
+from prefill_service.convert import (
+    backend_to_pb,
+    duration_to_pb,
+    finish_reason_to_pb,
+    kv_layout_to_pb,
+    sampling_params_from_pb,
+    stop_reason_to_pb,
+)
+
+SERVICE_NAME = "pdserve.v1.DecodeService"
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
+    """Thin servicer; `worker` is set once the engine has loaded (UNAVAILABLE before)."""
+
+    def __init__(self) -> None:
+        self.worker: DecodeWorker | None = None
+
+    async def Reserve(self, request: decode_pb2.ReserveRequest, context: Context) -> decode_pb2.ReserveResponse:
+        try:
+            reservation = await self._worker().reserve(request.num_prompt_tokens, request.max_tokens)
+        except InvalidArgumentError as exc:
+            # NOTE: ReserveRequest's fields are top-level (max_tokens is no sampling_params field here).
+            await abort_with(context, exc, field_paths={})
+        return _reservation_to_pb(reservation)
+
+    async def Decode(
+        self, request: decode_pb2.DecodeRequest, context: Context
+    ) -> AsyncIterator[decode_pb2.DecodeResponse]:
+        worker = self._worker()
+        params = sampling_params_from_pb(request.sampling_params)
+        outputs = worker.decode(request.transfer_id, list(request.prompt_token_ids), request.first_token_id, params)
+        try:
+            async for output in outputs:
+                yield _decode_response(output, params.logprobs)
+        except TransferError as exc:
+            await abort_with_transfer_error(context, exc, request.request_id)
+
+    async def Release(self, request: decode_pb2.ReleaseRequest, context: Context) -> decode_pb2.ReleaseResponse:
+        self._worker().release(request.transfer_id)
+        return decode_pb2.ReleaseResponse()
+
+    def _worker(self) -> DecodeWorker:
+        if self.worker is None:
+            raise UnavailableError("decode pod is still loading")
+        return self.worker
+
+
+def _reservation_to_pb(reservation: Reservation) -> decode_pb2.ReserveResponse:
+    target = kv_transfer_pb2.KVTarget(
+        transfer_id=reservation.transfer_id,
+        backend=backend_to_pb(reservation.backend),
+        endpoint=reservation.endpoint,
+        block_ids=reservation.block_ids,
+        layout=kv_layout_to_pb(reservation.layout),
+        lease=duration_to_pb(reservation.lease_s),
+    )
+    return decode_pb2.ReserveResponse(kv_target=target, lease=duration_to_pb(reservation.lease_s))
+
+
+def _decode_response(output: EngineOutput, logprobs: bool) -> decode_pb2.DecodeResponse:
+    return decode_pb2.DecodeResponse(
+        token_ids=output.new_token_ids,
+        logprobs=[lp for lp in output.new_logprobs if lp is not None] if logprobs else [],
+        finish_reason=finish_reason_to_pb(output.finish_reason),
+        stop_reason=stop_reason_to_pb(output.stop_reason),
+    )

@@ -1,0 +1,106 @@
+"""KVShipper: ships each prefill request's prompt KV to its decode pod's reserved blocks as the engine computes it.
+
+Two threads call it, under one lock, so that the chunks of a transfer never interleave and the last one is last:
+- the engine thread after every step (`ship_ready`): the request's newly computed full blocks, then, once the
+  whole prompt is computed, the rest (the last, maybe partial, block) as the last chunk;
+- the event loop's keepalive task (`keep_alive`): an empty chunk for a request that has sent nothing for a third
+  of its reservation's lease (queued behind other prefills, or inside one long engine step), which renews the
+  decode pod's reservation (and this sender's lease, through its ack).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.llm_engine import LLMEngine
+from kv_transfer.base import KVSender
+from kv_transfer.state import TransferError
+from prefill_service.prefill_events import KVTarget
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVES_PER_LEASE = 3
+
+
+@dataclass(slots=True, eq=False)
+class Shipment:
+    """One request's transfer: where its blocks go, how many went out, and when the last chunk did."""
+
+    target: KVTarget
+    num_prompt_tokens: int
+    keepalive_s: float
+    last_sent_at: float
+    num_sent_blocks: int = 0
+
+
+class KVShipper:
+    """The shipments of one prefill pod. `on_failed(req_id, error)` is called (under the lock: it must only hand
+    the error on) when sending a chunk raises; the shipment is dropped and its transfer aborted then."""
+
+    def __init__(self, sender: KVSender, block_size: int, on_failed: Callable[[str, TransferError], None]) -> None:
+        self._sender = sender
+        self._block_size = block_size
+        self._on_failed = on_failed
+        self._lock = threading.Lock()
+        self._shipments: dict[str, Shipment] = {}
+
+    def add(self, req_id: str, shipment: Shipment) -> None:
+        with self._lock:
+            self._shipments[req_id] = shipment
+
+    def forget(self, req_id: str) -> None:
+        """Ship nothing more for the request and abort its transfer (a no-op if it already ended)."""
+        with self._lock:
+            self._shipments.pop(req_id, None)
+            self._sender.abort(req_id)
+
+    def ship_ready(self, engine: LLMEngine) -> None:
+        """Engine thread, after a step: ship every request's newly computed blocks; forget requests that are gone."""
+        with self._lock:
+            for req_id, shipment in list(self._shipments.items()):
+                progress = engine.kv_progress(req_id)
+                if progress is None:
+                    del self._shipments[req_id]
+                    continue
+                block_ids, num_computed = progress
+                done = num_computed >= shipment.num_prompt_tokens
+                # NOTE: before `done`, num_computed // block_size < len(target.block_ids): the last chunk is never
+                # empty.
+                num_ready = len(shipment.target.block_ids) if done else num_computed // self._block_size
+                if num_ready > shipment.num_sent_blocks:
+                    self._send(req_id, shipment, block_ids, num_ready, last=done)
+
+    def keep_alive(self) -> None:
+        """Send an empty chunk for every request that has sent nothing for its keepalive period."""
+        now = time.monotonic()
+        with self._lock:
+            for req_id, shipment in list(self._shipments.items()):
+                if now - shipment.last_sent_at >= shipment.keepalive_s:
+                    self._send(req_id, shipment, [], shipment.num_sent_blocks, last=False)
+
+    def _send(self, req_id: str, shipment: Shipment, block_ids: list[int], num_ready: int, last: bool) -> None:
+        """Send blocks [num_sent_blocks, num_ready) of the request (none: a keepalive); the lock is held."""
+        start, target = shipment.num_sent_blocks, shipment.target
+        try:
+            self._sender.send(
+                req_id,
+                target.endpoint,
+                target.layout,
+                block_ids[start:num_ready],
+                target.block_ids[start:num_ready],
+                last,
+            )
+        except Exception as exc:  # one bad transfer must not stop the engine thread or the keepalives
+            logger.exception("shipping the KV of %s failed", req_id)
+            del self._shipments[req_id]
+            self._sender.abort(req_id)
+            self._on_failed(req_id, exc if isinstance(exc, TransferError) else TransferError(f"shipping KV: {exc}"))
+            return
+        shipment.num_sent_blocks = num_ready
+        shipment.last_sent_at = time.monotonic()
+        if last:
+            del self._shipments[req_id]

@@ -1,0 +1,40 @@
+"""The PrefillService gRPC servicer: protobuf in, PrefillWorker, protobuf out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc.aio
+
+from common.errors import UnavailableError
+from common.pod_runtime import abort_with_transfer_error
+from kv_transfer.state import TransferError
+from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
+from prefill_service.convert import kv_target_from_pb, prefill_event_to_pb, sampling_params_from_pb
+from prefill_service.prefill_worker import PrefillWorker
+
+SERVICE_NAME = "pdserve.v1.PrefillService"
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
+    """Thin servicer; `worker` is set once the engine has loaded (UNAVAILABLE before)."""
+
+    def __init__(self) -> None:
+        self.worker: PrefillWorker | None = None
+
+    async def Prefill(
+        self, request: prefill_pb2.PrefillRequest, context: Context
+    ) -> AsyncIterator[prefill_pb2.PrefillResponse]:
+        if self.worker is None:
+            raise UnavailableError("prefill pod is still loading")
+        params = sampling_params_from_pb(request.sampling_params)
+        target = kv_target_from_pb(request)
+        cache_salt = request.cache_salt if request.HasField("cache_salt") else None
+        try:
+            async for event in self.worker.prefill(list(request.prompt_token_ids), params, target, cache_salt):
+                yield prefill_event_to_pb(event)
+        except TransferError as exc:
+            await abort_with_transfer_error(context, exc, request.request_id)

@@ -1,0 +1,131 @@
+"""Helpers of the end-to-end tests: run one Generate call to the end and keep what the tests check."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.client import GenerationClient
+from engine.outputs import CompletionOutput
+from engine.sampling_params import SamplingParams
+from pdserve.v1 import generation_pb2, sampling_pb2
+
+BLOCK_SIZE = 16
+REQUEST_TIMEOUT_S = 120.0
+HEARTBEAT_S = 0.2
+POD_ARGS = ("--heartbeat-s", str(HEARTBEAT_S), "--num-blocks", "512", "--long-prefill-token-threshold", "256")
+"""Flags of every test pod: a fast heartbeat (the registry shows load within HEARTBEAT_S), a small pool, and
+chunked prefill (long prompts ship KV chunk by chunk, and no engine step outlasts the registry TTL)."""
+REGISTRY_REFRESH_S = 0.2
+STARTUP_TIMEOUT_S = 240.0
+PREFIX_TOKENS = 512
+MIN_CACHED = PREFIX_TOKENS - BLOCK_SIZE
+
+Prompt = str | list[int]
+
+
+class Oracle:
+    """Greedy completions of the offline engine (`engine.LLM`) in the test process, memoised."""
+
+    def __init__(self) -> None:
+        # NOTE: imported here, so the tests that need no oracle never load torch.
+        import torch
+
+        from engine.llm import LLM
+
+        # NOTE: one thread: on a shared 2-core machine torch's spinning thread pool runs many times slower.
+        torch.set_num_threads(1)
+        self._llm = LLM(num_blocks=1024)
+        self._cache: dict[tuple[str | tuple[int, ...], int], CompletionOutput] = {}
+
+    def encode(self, text: str) -> list[int]:
+        token_ids: list[int] = self._llm.tokenizer.encode(text)
+        return token_ids
+
+    def greedy(self, prompts: Sequence[Prompt], max_tokens: int) -> list[CompletionOutput]:
+        """Each prompt's greedy completion (temperature 0, `max_tokens`), in prompt order."""
+        keys = [(p if isinstance(p, str) else tuple(p), max_tokens) for p in prompts]
+        todo = list(dict.fromkeys(key for key in keys if key not in self._cache))
+        if todo:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+            prompt_list: list[Prompt] = [p if isinstance(p, str) else list(p) for p, _ in todo]
+            outputs = self._llm.generate(prompt_list, params, use_tqdm=False)
+            for key, output in zip(todo, outputs, strict=True):
+                self._cache[key] = output.outputs[0]
+        return [self._cache[key] for key in keys]
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything one Generate stream returned."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: int = sampling_pb2.FINISH_REASON_UNSPECIFIED
+    usage: sampling_pb2.Usage = field(default_factory=sampling_pb2.Usage)
+    metrics: generation_pb2.RequestMetrics = field(default_factory=generation_pb2.RequestMetrics)
+    num_messages: int = 0
+    first_token_ids: list[int] = field(default_factory=list)
+    """Token ids of the first message that carried any."""
+    message_times: list[float] = field(default_factory=list)
+    """time.monotonic() at each message's arrival."""
+
+
+def run(client: GenerationClient, timeout_s: float = REQUEST_TIMEOUT_S, **kwargs: Any) -> Completion:
+    """One Generate call, read to its end (kwargs as GenerationClient.generate)."""
+    completion = Completion()
+    for response in client.generate(timeout_s=timeout_s, **kwargs):
+        completion.message_times.append(time.monotonic())
+        completion.num_messages += 1
+        if response.token_ids and not completion.first_token_ids:
+            completion.first_token_ids = list(response.token_ids)
+        completion.token_ids.extend(response.token_ids)
+        completion.text += response.text
+        if response.finish_reason != sampling_pb2.FINISH_REASON_UNSPECIFIED:
+            completion.finish_reason = response.finish_reason
+        if response.HasField("usage"):
+            completion.usage = response.usage
+        if response.HasField("metrics"):
+            completion.metrics = response.metrics
+    return completion
+
+
+def run_concurrently(client: GenerationClient, requests: Sequence[Mapping[str, Any]]) -> list[Completion]:
+    """`run` every request (kwargs of GenerationClient.generate) at once, each on its own thread; results in
+    request order (the first failure is raised)."""
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        futures = [pool.submit(run, client, **request) for request in requests]
+        return [future.result() for future in futures]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll `condition` until it holds (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+
+
+def num_blocks(num_tokens: int) -> int:
+    return -(-num_tokens // BLOCK_SIZE)
+
+
+def token_prefix(seed: int) -> list[int]:
+    """512 token ids drawn from ordinary vocabulary, different for each seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(1_000, 30_000) for _ in range(PREFIX_TOKENS)]
+
+
+def with_suffix(prefix: list[int], i: int) -> list[int]:
+    return [*prefix, 5_000 + i, 6_000 + i, 7_000 + i]
+
+
+def sequential(client: GenerationClient, prefix: list[int], count: int, start: int = 0) -> list[Completion]:
+    return [run(client, token_ids=with_suffix(prefix, start + i), max_tokens=2, temperature=0.0) for i in range(count)]

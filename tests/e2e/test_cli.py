@@ -1,0 +1,153 @@
+"""Acceptance 1: `pdserve up` (the real CLI, as a subprocess) then `pdserve generate`; greedy output through
+Generate equals the offline engine's token for token; Ctrl-C stops every process the CLI started."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from common.client import GenerationClient
+from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
+
+_SCRIPT = Path(sys.executable).with_name("pdserve")
+PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "common.cli"]
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Once upon a time, in a small village,",
+    "The largest planet in our solar system is",
+    "To make a cup of tea, first",
+    "1, 2, 3, 4, 5,",
+]
+MAX_TOKENS = 12
+
+
+@dataclass
+class Up:
+    """A running `pdserve up` and what it printed."""
+
+    process: subprocess.Popen[str]
+    address: str
+    log_dir: Path
+    stderr_path: Path
+
+    def logs(self) -> str:
+        parts = [f"----- pdserve up stderr -----\n{_tail(self.stderr_path)}"]
+        parts += [f"----- {log.name} -----\n{_tail(log)}" for log in sorted(self.log_dir.glob("*.log"))]
+        return "\n".join(parts)
+
+
+def _tail(path: Path, num_lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else "(none)"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _forward_lines(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
+    for line in process.stdout or ():
+        lines.put(line)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    port = _free_port()
+    log_dir = tmp_path_factory.mktemp("pdserve-up-logs")
+    stderr_path = log_dir / "pdserve-up.stderr"
+    argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
+            "--registry-refresh-s", "0.2", *POD_ARGS]  # fmt: skip
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_forward_lines, args=(process, lines), daemon=True).start()
+    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path)
+    try:
+        line = lines.get(timeout=STARTUP_TIMEOUT_S)
+    except queue.Empty:
+        line = ""
+    try:
+        assert line.startswith(f"pdserve router listening on 127.0.0.1:{port} "), f"got {line!r}\n{running.logs()}"
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def test_pdserve_generate_prints_smollm2s_completion(up: Up, oracle: Oracle) -> None:
+    argv = [*PDSERVE, "generate", "The capital of France is", "--max-tokens", "8", "--temperature", "0",
+            "--address", up.address]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{done.stderr}\n{up.logs()}"
+    assert done.stdout.startswith(" Paris")
+    [expected] = oracle.greedy(["The capital of France is"], 8)
+    assert done.stdout == expected.text + "\n"
+    num_prompt_tokens = len(oracle.encode("The capital of France is"))
+    assert f"finish_reason=length prompt_tokens={num_prompt_tokens} completion_tokens=8 " in done.stderr
+
+
+def test_greedy_output_equals_the_offline_engine_token_for_token(up: Up, oracle: Oracle) -> None:
+    expected = oracle.greedy(PROMPTS, MAX_TOKENS)
+    with GenerationClient(up.address) as client:
+        completions = run_concurrently(client, [{"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+                                                for p in PROMPTS])  # fmt: skip
+    assert [c.token_ids for c in completions] == [e.token_ids for e in expected], up.logs()
+    assert [c.text for c in completions] == [e.text for e in expected]
+
+
+def test_pdserve_generate_prints_the_bad_field_and_exits_non_zero(up: Up) -> None:
+    argv = [*PDSERVE, "generate", "hello", "--top-p", "0", "--address", up.address]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "error: INVALID_ARGUMENT" in done.stderr
+    assert "\n  sampling_params.top_p: " in done.stderr
+
+
+def test_ctrl_c_stops_every_process_pdserve_up_started(up: Up) -> None:
+    children = _children(up.process.pid)
+    assert len(children) == 4, children  # redis-server, one prefill pod, one decode pod, the router
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(60) == 0, up.logs()
+    assert [pid for pid in children if _alive(pid)] == []

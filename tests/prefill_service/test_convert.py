@@ -1,0 +1,97 @@
+"""Protobuf <-> core values of the pods' RPCs: exact values, defaults, and the fields errors name."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import InvalidArgumentError
+from engine.sampling_params import SamplingParams
+from kv_transfer.layout import KVLayout
+from pdserve.v1 import kv_transfer_pb2, sampling_pb2
+from prefill_service.convert import (
+    backend_from_pb,
+    kv_layout_from_pb,
+    kv_layout_to_pb,
+    prefill_event_to_pb,
+    sampling_params_from_pb,
+)
+from prefill_service.prefill_events import FirstToken, TransferDone
+
+LAYOUT = KVLayout("float32", 16, 2, 2, 32)
+
+
+def test_unset_sampling_fields_take_the_engine_defaults() -> None:
+    assert sampling_params_from_pb(sampling_pb2.SamplingParams()) == SamplingParams()
+
+
+def test_sampling_fields_carry_over() -> None:
+    pb = sampling_pb2.SamplingParams(
+        n=1,
+        temperature=0.0,
+        top_k=5,
+        top_p=0.5,
+        min_p=0.25,
+        seed=7,
+        max_tokens=3,
+        repetition_penalty=1.5,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        stop=["x"],
+        stop_token_ids=[9],
+        ignore_eos=True,
+        logprobs=True,
+        priority=2,
+    )
+    assert sampling_params_from_pb(pb) == SamplingParams(
+        temperature=0.0,
+        top_k=5,
+        top_p=0.5,
+        min_p=0.25,
+        seed=7,
+        max_tokens=3,
+        repetition_penalty=1.5,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        stop=("x",),
+        stop_token_ids=(9,),
+        ignore_eos=True,
+        logprobs=True,
+        priority=2,
+    )
+
+
+def test_n_above_one_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError) as error:
+        sampling_params_from_pb(sampling_pb2.SamplingParams(n=2))
+    assert error.value.field == "n"
+
+
+def test_layout_round_trip_and_bad_layouts() -> None:
+    pb = kv_layout_to_pb(LAYOUT)
+    assert pb.block_nbytes == 2 * 2 * 16 * 2 * 32 * 4
+    assert kv_layout_from_pb(pb, "kv_target.layout") == LAYOUT
+    pb.block_nbytes += 1
+    with pytest.raises(InvalidArgumentError) as error:
+        kv_layout_from_pb(pb, "kv_target.layout")
+    assert error.value.field == "kv_target.layout.block_nbytes"
+    with pytest.raises(InvalidArgumentError) as error:
+        kv_layout_from_pb(kv_transfer_pb2.KVLayout(dtype="float32"), "kv_target.layout")
+    assert error.value.field == "kv_target.layout.block_size"
+
+
+def test_backend_names() -> None:
+    assert backend_from_pb(kv_transfer_pb2.TRANSFER_BACKEND_TCP, "f") == "tcp"
+    with pytest.raises(InvalidArgumentError) as error:
+        backend_from_pb(kv_transfer_pb2.TRANSFER_BACKEND_UNSPECIFIED, "kv_target.backend")
+    assert error.value.field == "kv_target.backend"
+
+
+def test_prefill_events() -> None:
+    first = prefill_event_to_pb(FirstToken(11, None, 32, 0.25, "stop", 2))
+    assert first.first_token.token_id == 11 and not first.first_token.HasField("logprob")
+    assert first.first_token.num_cached_tokens == 32
+    assert first.first_token.prefill_duration.ToNanoseconds() == 250_000_000
+    assert first.first_token.finish_reason == sampling_pb2.FINISH_REASON_STOP
+    assert first.first_token.stop_reason.stop_token_id == 2
+    done = prefill_event_to_pb(TransferDone(3, 49152, 0.5)).transfer_done
+    assert (done.num_blocks, done.num_bytes, done.transfer_duration.ToNanoseconds()) == (3, 49152, 500_000_000)

@@ -1,0 +1,105 @@
+"""PrefillWorker against a recording KV sender: the chunks it ships, in order, and the keepalives of a queued
+request."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.llm import engine_config
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from kv_transfer.base import KVSender, TransferStats, ignore_hook
+from kv_transfer.layout import KVLayout
+from kv_transfer.state import TransferState, UnknownTransferError
+from prefill_service.prefill_events import KVTarget, PrefillEvent, TransferDone
+from prefill_service.prefill_worker import PrefillWorker
+
+pytestmark = pytest.mark.anyio
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+Send = tuple[str, list[int], list[int], bool]
+
+
+class RecordingSender(KVSender):
+    """Records every chunk; a last chunk is acknowledged at once (DONE, from another thread)."""
+
+    def __init__(self, pool: torch.Tensor, block_size: int) -> None:
+        self.layout = KVLayout.from_pool(pool, block_size)
+        self.on_finished = ignore_hook
+        self.sends: list[Send] = []
+
+    def send(
+        self,
+        transfer_id: str,
+        endpoint: str,
+        layout: KVLayout,
+        src_block_ids: Sequence[int],
+        dst_block_ids: Sequence[int],
+        last: bool,
+    ) -> None:
+        self.sends.append((transfer_id, list(src_block_ids), list(dst_block_ids), last))
+        if last:
+            threading.Thread(target=self.on_finished, args=(transfer_id, TransferState.DONE)).start()
+
+    def state(self, transfer_id: str) -> TransferState:
+        raise UnknownTransferError(transfer_id)
+
+    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
+        return TransferState.DONE
+
+    def abort(self, transfer_id: str) -> None:
+        pass
+
+    def stats(self, transfer_id: str) -> TransferStats:
+        num_blocks = sum(len(src) for tid, src, _, _ in self.sends if tid == transfer_id)
+        return TransferStats(transfer_id, TransferState.DONE, num_blocks * self.layout.block_nbytes, num_blocks, 0, 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+async def _run(worker: PrefillWorker, prompt: list[int], target: KVTarget) -> list[PrefillEvent]:
+    return [event async for event in worker.prefill(prompt, GREEDY, target)]
+
+
+async def test_chunks_in_order_and_keepalives_while_queued(tiny_model: Path) -> None:
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64, max_num_seqs=1, long_prefill_token_threshold=16))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
+    worker.start()
+    rng = random.Random(0)
+    long_prompt, short_prompt = [rng.randrange(512) for _ in range(600)], [rng.randrange(512) for _ in range(20)]
+    try:
+        # max_num_seqs=1: the short request waits for the long one's 38 prefill steps, longer than a third of
+        # its 0.03 s lease, so it keeps its reservation alive with empty chunks (the long one, computing, needs none).
+        long_target = KVTarget("long", "tcp", "127.0.0.1:1", tuple(range(100, 138)), sender.layout, 10.0)
+        short_target = KVTarget("short", "tcp", "127.0.0.1:1", (7, 9), sender.layout, 0.03)
+        long_events, short_events = await asyncio.gather(
+            _run(worker, long_prompt, long_target), _run(worker, short_prompt, short_target)
+        )
+        assert [type(e) for e in long_events][1:] == [type(e) for e in short_events][1:] == [TransferDone]
+        long_sends = [s for s in sender.sends if s[0] == "long"]
+        # One block per 16-token step: 37 full ones, then the partial last block (8 tokens) as the last chunk.
+        assert [dst for _, _, dst, _ in long_sends] == [[100 + i] for i in range(38)]
+        assert [last for *_, last in long_sends] == [False] * 37 + [True]
+        assert all(src for _, src, _, _ in long_sends)
+        short_sends = [s for s in sender.sends if s[0] == "short"]
+        chunks = [(len(src), dst, last) for _, src, dst, last in short_sends if src]
+        assert chunks == [(1, [7], False), (1, [9], True)] and short_sends[-1][3]
+        keepalives = [s for s in short_sends if not s[1]]
+        assert short_sends[0] in keepalives and all(s[1:] == ([], [], False) for s in keepalives)
+        # Both transfers are DONE: the held blocks are freed (a command the DONE hooks queue).
+        for _ in range(100):
+            if (await worker.load()).num_free_blocks == 64:
+                break
+            await asyncio.sleep(0.01)
+        assert (await worker.load()).num_free_blocks == 64
+    finally:
+        await worker.aclose()
