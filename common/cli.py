@@ -1,6 +1,7 @@
 """The `pdserve` command: a local cluster in one command, each service on its own, and a streaming client.
 
-pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [pod flags ...]
+pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100]
+           [--otlp-endpoint URL] [pod flags ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
 """
@@ -21,7 +22,7 @@ from typing import cast
 import grpc
 
 from common.client import generate
-from common.cluster import ClusterConfig, ClusterError, LocalCluster
+from common.cluster import DEFAULT_METRICS_PORT, ClusterConfig, ClusterError, LocalCluster
 from common.errors import InvalidArgumentError
 from common.grpc_errors import bad_request_fields
 from engine.config import DEFAULT_MODEL
@@ -33,6 +34,7 @@ _SERVICE_MAINS = {
     "decode": ("decode_service.__main__", "one decode pod"),
 }
 _UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode"}
+_NO_METRICS = -1
 _WATCH_INTERVAL_S = 0.5
 _EXIT_INTERRUPTED = 130
 
@@ -67,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--registry-refresh-s", type=float, default=1.0, help="router's pod discovery period")
     up.add_argument("--log-dir", type=Path, help="folder of the processes' logs (default: a new temp folder)")
     up.add_argument("--startup-timeout-s", type=float, default=600.0, help="give up if not serving by then")
+    up.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                    help=f"/metrics of the router; the first prefill and decode pods take the next two ports, "
+                    f"further pods free ones; 0: free ports for all, {_NO_METRICS}: none (default: "
+                    f"{DEFAULT_METRICS_PORT})")  # fmt: skip
+    up.add_argument("--otlp-endpoint", help="OTLP collector for every process's traces (default: tracing off)")
     up.set_defaults(func=_up)
     for name, (_, summary) in _SERVICE_MAINS.items():
         commands.add_parser(name, add_help=False, help=f"run {summary}; `pdserve {name} --help` for its flags")
@@ -100,6 +107,8 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
             redis_url=args.redis_url, model=args.model, kv_transfer_backend=args.kv_transfer_backend,
             registry_refresh_s=args.registry_refresh_s, pod_args=tuple(pod_args), log_dir=args.log_dir,
             startup_timeout_s=args.startup_timeout_s, show_progress=True,
+            metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
+            otlp_endpoint=args.otlp_endpoint,
         )  # fmt: skip
     except InvalidArgumentError as exc:
         print(f"pdserve up: --{_UP_FLAGS.get(exc.field, exc.field)}: {exc.description}", file=sys.stderr)
@@ -111,6 +120,8 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         cluster.start()
         print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
               f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
+        for name, url in cluster.metrics_urls.items():
+            print(f"  {name} metrics: {url}", flush=True)
         while (exited := cluster.poll_exited()) is None:
             time.sleep(_WATCH_INTERVAL_S)
         print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"

@@ -8,6 +8,10 @@ every pod is in the Redis registry; a process that exits early stops everything 
 kills what is left, and stops Redis last. The tests also add, stop and signal single pods, and stop
 and restart Redis on the same port.
 
+Telemetry: every process serves Prometheus /metrics (`--metrics-port`): the router on `metrics_port`, the
+first prefill pod on `metrics_port + 1`, the first decode pod on `metrics_port + 2`, further pods on free
+ports (all on free ports with `metrics_port=0`; none with None); `otlp_endpoint` goes to every process.
+
 Every method blocks and may be called from any thread, also one running an event loop.
 """
 
@@ -51,6 +55,8 @@ ENTRY_POINTS: Mapping[Role, tuple[str, ...]] = {
 
 _POLL_S = 0.1
 _LOG_TAIL_LINES = 30
+DEFAULT_METRICS_PORT = 9100
+_METRICS_PORT_OFFSETS: Mapping[Role, int] = {"router": 0, "prefill": 1, "decode": 2}
 
 
 class ClusterError(RuntimeError):
@@ -83,6 +89,13 @@ class ClusterConfig:
     """How long a SIGTERMed process may take (pods drain in-flight requests) before it is killed."""
     show_progress: bool = False
     """A tqdm bar on stderr while the processes load."""
+    metrics_port: int | None = DEFAULT_METRICS_PORT
+    """The router's /metrics port; the first prefill and decode pods use the next two (see the module
+    docstring); 0: free ports for every process; None: no /metrics endpoints."""
+    otlp_endpoint: str | None = None
+    """OTLP collector every process sends its spans to (their --otlp-endpoint); None: tracing off."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables of every process (e.g. OTEL_BSP_SCHEDULE_DELAY)."""
     entry_points: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: dict(ENTRY_POINTS))
 
     def __post_init__(self) -> None:
@@ -91,15 +104,27 @@ class ClusterConfig:
                 raise InvalidArgumentError(name, f"must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 1 << 16:
             raise InvalidArgumentError("port", f"must be in [0, 65535], got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < (1 << 16) - 2:
+            raise InvalidArgumentError("metrics_port", f"must be in [0, 65533], got {self.metrics_port}")
 
 
 class ServiceProcess:
     """One child process of the cluster; stdout and stderr go to its own log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], address: str, log_path: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        address: str,
+        log_path: Path,
+        env: Mapping[str, str],
+        metrics_url: str | None = None,
+    ) -> None:
         self.name = name
         self.address = address
         """host:port of its gRPC server."""
+        self.metrics_url = metrics_url
+        """http://host:port/metrics of its Prometheus endpoint; None when it serves none."""
         self.log_path = log_path
         with log_path.open("ab") as log:
             # NOTE: a session of its own, so a Ctrl-C in the terminal reaches only the CLI, which then
@@ -160,6 +185,11 @@ class LocalCluster:
     def router_address(self) -> str:
         """host:port where clients reach the router's GenerationService."""
         return f"{_connect_host(self.config.host)}:{self._router_port}"
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """The /metrics URL of each running process that serves one, by name (router first)."""
+        return {p.name: p.metrics_url for p in self._processes() if p.metrics_url is not None}
 
     def start(self) -> None:
         """Start everything and wait until it serves; on any failure stop what started and raise."""
@@ -251,7 +281,7 @@ class LocalCluster:
             "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
             *self.config.pod_args, *extra_args,
         ]  # fmt: skip
-        process = self._spawn(pod_id, role, port, args)
+        process = self._spawn(pod_id, role, port, args, first=self._next_index[role] == 1)
         self.pods[pod_id] = process
         return process
 
@@ -261,12 +291,22 @@ class LocalCluster:
             "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
             *self.config.router_args,
         ]  # fmt: skip
-        return self._spawn("router", "router", self._router_port, args)
+        return self._spawn("router", "router", self._router_port, args, first=True)
 
-    def _spawn(self, name: str, role: Role, port: int, args: Sequence[str]) -> ServiceProcess:
-        argv = [*self.config.entry_points[role], *args]
+    def _spawn(self, name: str, role: Role, port: int, args: Sequence[str], first: bool) -> ServiceProcess:
+        """Start one process; `first`: the first of its role (it gets the role's default metrics port)."""
+        telemetry: list[str] = []
+        metrics_url: str | None = None
+        if self.config.otlp_endpoint is not None:
+            telemetry += ["--otlp-endpoint", self.config.otlp_endpoint]
+        if self.config.metrics_port is not None:
+            base = self.config.metrics_port
+            metrics_port = base + _METRICS_PORT_OFFSETS[role] if base and first else _free_port()
+            telemetry += ["--metrics-port", str(metrics_port), "--metrics-host", self.config.host]
+            metrics_url = f"http://{_connect_host(self.config.host)}:{metrics_port}/metrics"
+        argv = [*self.config.entry_points[role], *args, *telemetry]
         address = f"{_connect_host(self.config.host)}:{port}"
-        process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", self._child_env())
+        process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", self._child_env(), metrics_url)
         logger.info("started %s (pid %d), logging to %s", name, process.pid, process.log_path)
         return process
 
@@ -296,7 +336,7 @@ class LocalCluster:
             logger.info("%s exited with code %s", process.name, code)
 
     def _child_env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.config.env, "PYTHONUNBUFFERED": "1"}
         # NOTE: pods on a shared CPU fight over cores; one torch thread pool per pod sized to its share
         # runs faster than every pod spinning up a thread per core. An explicit OMP_NUM_THREADS wins.
         num_pods = max(1, self.config.num_prefill + self.config.num_decode)

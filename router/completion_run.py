@@ -21,13 +21,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from common.detokenizer import IncrementalDetokenizer
 from common.errors import ResourceExhaustedError, UnavailableError
+from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRole
+from common.telemetry import (
+    PDSERVE_CACHED_PREFIX_TOKENS,
+    PDSERVE_DECODE_POD,
+    PDSERVE_DIRECTORY_LATENCY_S,
+    PDSERVE_PREFILL_POD,
+    PDSERVE_ROUTE_ATTEMPT,
+    Tracing,
+)
 from engine.sampling_params import SamplingParams
 from router.outputs import CompletionChunk, CompletionMetrics, FinishReason, FirstToken, TransferDone
 from router.pod_client import PodClient, Reservation
@@ -53,6 +63,8 @@ class RunContext:
     block_size: int
     max_attempts: int
     clock: Callable[[], float]
+    tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
+    metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +78,8 @@ class PromptPlan:
     cache_salt: str | None
     arrival: float
     deadline: float | None
+    directory_latency_s: float | None = None
+    """How long the prefix directory lookup took (None: none was made)."""
 
 
 @dataclass(slots=True)
@@ -124,12 +138,14 @@ class CompletionRun:
             elif finish is None and self._params.max_tokens == 1:
                 finish = "length"
             logprobs = () if first.logprob is None else (first.logprob,)
+            time_to_first_token = self._elapsed()
+            self._ctx.metrics.observe_first_token(time_to_first_token, len(self._plan.token_ids))
             if finish is not None:
                 text = step.text_delta if step.stop_reason is not None else step.text_delta + detokenizer.flush()
-                metrics = self._metrics(leg, self._elapsed(), None, None)
+                metrics = self._metrics(leg, time_to_first_token, None, None)
+                self._ctx.metrics.observe_finished(finish, self._elapsed(), 1)
                 yield self._last_chunk(text, (first.token_id,), logprobs, finish, stop, metrics, first)
                 return
-            time_to_first_token = self._elapsed()
             yield CompletionChunk(self._index, step.text_delta, (first.token_id,), logprobs)
             async with contextlib.aclosing(self._decode(stack, leg, detokenizer, time_to_first_token)) as chunks:
                 async for chunk in chunks:
@@ -143,13 +159,14 @@ class CompletionRun:
         attempt = 0
         while True:
             attempt += 1
-            prefill_pod, decode_pod = self._pick(skipped_prefill, skipped_decode)
+            prefill_pod, decode_pod = self._route(skipped_prefill, skipped_decode, attempt)
             try:
                 leg, cleanup = await self._attempt(prefill_pod, decode_pod, attempt)
             except _DecodePodFull:
                 skipped_decode.add(decode_pod.pod_id)
                 if not self._eligible("decode", skipped_decode):
                     raise ResourceExhaustedError("every decode pod is out of KV blocks") from None
+                self._ctx.metrics.count_router_retry()
                 continue
             except _AttemptFailed as failure:
                 self._ctx.pods.report_unavailable(failure.pod_id)
@@ -158,9 +175,26 @@ class CompletionRun:
                 logger.warning("request %s: attempt %d failed: %s", self._request_id, attempt, failure)
                 if num_failures >= self._ctx.max_attempts:
                     raise UnavailableError(f"{num_failures} attempts failed, the last: {failure}") from None
+                self._ctx.metrics.count_router_retry()
                 continue
             stack.push_async_exit(cleanup)
             return leg
+
+    def _route(self, skipped_prefill: set[str], skipped_decode: set[str], attempt: int) -> tuple[PodInfo, PodInfo]:
+        """`_pick` in a "route" span naming the chosen pods, the cached prefix and the directory's latency."""
+        with self._ctx.tracing.span("route", {PDSERVE_ROUTE_ATTEMPT: attempt}) as span:
+            prefill_pod, decode_pod = self._pick(skipped_prefill, skipped_decode)
+            cached_tokens = self._plan.cached_blocks.get(prefill_pod.pod_id, 0) * self._ctx.block_size
+            span.set_attributes(
+                {
+                    PDSERVE_PREFILL_POD: prefill_pod.pod_id,
+                    PDSERVE_DECODE_POD: decode_pod.pod_id,
+                    PDSERVE_CACHED_PREFIX_TOKENS: cached_tokens,
+                }
+            )
+            if self._plan.directory_latency_s is not None:
+                span.set_attribute(PDSERVE_DIRECTORY_LATENCY_S, self._plan.directory_latency_s)
+        return prefill_pod, decode_pod
 
     def _pick(self, skipped_prefill: set[str], skipped_decode: set[str]) -> tuple[PodInfo, PodInfo]:
         load = self._ctx.load.get
@@ -226,10 +260,16 @@ class CompletionRun:
         )  # fmt: skip
         stack.push_async_callback(steps.aclose)
         first_decode_token_s: float | None = None
+        num_output_tokens = 1
+        last_token_at = self._ctx.clock()
         async with contextlib.aclosing(until_transfer_fails(steps, transfer)) as checked_steps:
             async for step in checked_steps:
                 if first_decode_token_s is None:
                     first_decode_token_s = self._elapsed()
+                now = self._ctx.clock()
+                num_output_tokens += len(step.token_ids)
+                self._ctx.metrics.observe_output_tokens(len(step.token_ids), now - last_token_at)
+                last_token_at = now
                 out = detokenizer.update(step.token_ids)
                 finish, stop = step.finish_reason, step.stop_reason
                 if out.stop_reason is not None:
@@ -241,6 +281,8 @@ class CompletionRun:
                 text = out.text_delta if out.stop_reason is not None else out.text_delta + detokenizer.flush()
                 done = await result_within(transfer, _TRANSFER_DONE_WAIT_S)
                 metrics = self._metrics(leg, ttft, first_decode_token_s, done)
+                elapsed = self._elapsed()
+                self._ctx.metrics.observe_finished(finish, elapsed, num_output_tokens, decode_s=elapsed - ttft)
                 yield self._last_chunk(text, step.token_ids, step.logprobs, finish, stop, metrics, leg.first)
                 return
         raise UnavailableError(f"decode pod {decode_client.pod_id} ended the stream without a finish reason")

@@ -57,6 +57,11 @@ class RoutingConfig:
     unavailable_cooldown_s: float = field(
         default=5.0, metadata=doc("how long a pod that answered UNAVAILABLE is skipped while other pods can serve")
     )
+    missing_pod_grace_s: float = field(
+        default=3.0,
+        metadata=doc("how long a pod missing from a readable registry (e.g. a restarted Redis) is still routed to: "
+                     "one registry TTL, 3 x the pods' --heartbeat-s"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(self.prefill_load_alpha >= 0, "prefill_load_alpha", f"must be >= 0, got {self.prefill_load_alpha}")
@@ -71,3 +76,4 @@ class RoutingConfig:
             "unavailable_cooldown_s",
             f"must be >= 0, got {self.unavailable_cooldown_s}",
         )
+        _require(self.missing_pod_grace_s >= 0, "missing_pod_grace_s", f"must be >= 0, got {self.missing_pod_grace_s}")

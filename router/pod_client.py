@@ -56,10 +56,10 @@ def _mapped_errors(pod_id: str, rpc: str) -> Iterator[None]:
 class PodClient:
     """One pod's channel and stubs; calls take a timeout (the client's remaining deadline) or None."""
 
-    def __init__(self, pod_id: str, address: str) -> None:
+    def __init__(self, pod_id: str, address: str, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> None:
         self.pod_id = pod_id
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors) or None)
         self._prefill = prefill_pb2_grpc.PrefillServiceStub(self._channel)
         self._decode = decode_pb2_grpc.DecodeServiceStub(self._channel)
 

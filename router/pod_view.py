@@ -2,8 +2,13 @@
 
 - A refresh that fails (Redis down or slow) keeps the last known list: pods keep serving while the
   registry is away, and the next successful read replaces the list.
-- Pods whose TTL lapsed are gone from the registry, so from the next list. Draining pods stay in
-  the list (their in-flight requests finish) but are never offered for new requests.
+- A pod missing from a readable registry stays in the list for `missing_grace_s` (one registry TTL)
+  after the first read that missed it: a restarted, empty Redis lists no pod until their next
+  heartbeats, and those pods still serve. It leaves at once when it was last seen draining (a pod
+  stopped with SIGTERM says so, then deregisters), when another listed pod took its address, or when
+  a call to it answered UNAVAILABLE. A pod listed again with another generation replaces the old one.
+- Draining pods stay in the list (their in-flight requests finish) but are never offered for new
+  requests.
 - Pods announcing another model are ignored: their block hashes and tokenizer would not match.
 - A pod that answered UNAVAILABLE is skipped for `cooldown_s` while other pods of its role remain.
 - One grpc.aio channel per pod, reused by every request; a channel whose pod left the list is
@@ -15,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import grpc.aio
 
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
@@ -46,15 +53,20 @@ class PodView:
         refresh_s: float,
         load: PodLoad,
         cooldown_s: float = 5.0,
+        missing_grace_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        channel_interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
         self._registry = registry
         self._model = model
         self._refresh_s = refresh_s
         self._load = load
         self._cooldown_s = cooldown_s
+        self._missing_grace_s = missing_grace_s
         self._clock = clock
+        self._channel_interceptors = tuple(channel_interceptors)
         self._pods: list[PodInfo] = []
+        self._missing_since: dict[str, float] = {}
         self._clients: dict[str, PodClient] = {}
         self._gone_since: dict[str, float] = {}
         self._retired: list[tuple[float, PodClient]] = []
@@ -82,12 +94,15 @@ class PodView:
         if client is None or client.address != pod.address:
             if client is not None:
                 self._retired.append((self._clock(), client))
-            client = self._clients[pod.pod_id] = PodClient(pod.pod_id, pod.address)
+            client = PodClient(pod.pod_id, pod.address, self._channel_interceptors)
+            self._clients[pod.pod_id] = client
         return client
 
     def report_unavailable(self, pod_id: str) -> None:
-        """A call to the pod failed with UNAVAILABLE: skip it for a while."""
+        """A call to the pod failed with UNAVAILABLE: skip it for a while (drop it if it left the registry)."""
         self._cooling_until[pod_id] = self._clock() + self._cooldown_s
+        if self._missing_since.pop(pod_id, None) is not None:
+            self._pods = [pod for pod in self._pods if pod.pod_id != pod_id]
 
     async def start(self) -> None:
         """Read the registry once (failures are logged, not raised), then keep refreshing."""
@@ -106,7 +121,7 @@ class PodView:
         if self._failing:
             logger.info("pod registry readable again")
         self._failing = False
-        self._pods = [pod for pod in listed if self._serves_our_model(pod)]
+        self._pods = self._merge([pod for pod in listed if self._serves_our_model(pod)])
         self._load.on_refresh()
         await self._close_departed()
         return True
@@ -119,6 +134,24 @@ class PodView:
         clients = [*self._clients.values(), *(client for _, client in self._retired)]
         self._clients, self._retired = {}, []
         await asyncio.gather(*(client.aclose() for client in clients))
+
+    def _merge(self, listed: list[PodInfo]) -> list[PodInfo]:
+        """The listed pods plus those missing for less than `missing_grace_s`; see the module docstring."""
+        now = self._clock()
+        listed_ids = {pod.pod_id for pod in listed}
+        taken = {pod.address for pod in listed}
+        kept: list[PodInfo] = []
+        for pod in self._pods:
+            if pod.pod_id in listed_ids or pod.draining or pod.address in taken:
+                self._missing_since.pop(pod.pod_id, None)
+                continue
+            since = self._missing_since.setdefault(pod.pod_id, now)
+            if now - since < self._missing_grace_s:
+                kept.append(pod)
+            else:
+                del self._missing_since[pod.pod_id]
+                logger.info("pod %s left the registry %.1f s ago: dropped", pod.pod_id, now - since)
+        return sorted([*listed, *kept], key=lambda pod: pod.pod_id)
 
     def _serves_our_model(self, pod: PodInfo) -> bool:
         if pod.model == self._model:

@@ -14,12 +14,26 @@ import asyncio
 import contextlib
 import dataclasses
 import secrets
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from common.block_hash import BlockHash, block_extra_keys, hash_block_tokens, hash_prompt_blocks
 from common.errors import InvalidArgumentError
+from common.telemetry import (
+    GEN_AI_OPERATION_CHAT,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_OPERATION_TEXT_COMPLETION,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_P,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    PDSERVE_REQUEST_ID,
+)
 from engine.sampling_params import SamplingParams
 from router.completion_run import CompletionRun, PromptPlan, RunContext
 from router.model_info import ModelInfo
@@ -81,12 +95,39 @@ class RequestLifecycle:
         return token_ids
 
     async def generate(self, request: GenerateInput, timeout_s: float | None) -> AsyncGenerator[CompletionChunk, None]:
-        """The call's chunks, completions interleaved; raises pdserve errors (or a pod's AioRpcError)."""
+        """The call's chunks, completions interleaved, in a "generate" span with the GenAI request and usage
+        attributes (child of the gRPC SERVER span); raises pdserve errors (or a pod's AioRpcError)."""
         arrival = self._ctx.clock()
+        params = request.params
+        with self._ctx.tracing.span("generate", {
+            GEN_AI_OPERATION_NAME: GEN_AI_OPERATION_CHAT if request.messages is not None
+            else GEN_AI_OPERATION_TEXT_COMPLETION,
+            GEN_AI_REQUEST_MODEL: self._model.model_id, GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+            GEN_AI_REQUEST_TEMPERATURE: params.temperature, GEN_AI_REQUEST_TOP_P: params.top_p,
+            PDSERVE_REQUEST_ID: request.request_id,
+        }) as span:  # fmt: skip
+            finish_reasons: list[str] = []
+            async with contextlib.aclosing(self._generate(request, arrival, timeout_s)) as chunks:
+                async for chunk in chunks:
+                    if chunk.finish_reason is not None:
+                        finish_reasons.append(chunk.finish_reason)
+                    if chunk.usage is not None:
+                        span.set_attributes({
+                            GEN_AI_USAGE_INPUT_TOKENS: chunk.usage.prompt_tokens,
+                            GEN_AI_USAGE_OUTPUT_TOKENS: chunk.usage.completion_tokens,
+                            GEN_AI_RESPONSE_FINISH_REASONS: finish_reasons,
+                        })  # fmt: skip
+                    yield chunk
+
+    async def _generate(
+        self, request: GenerateInput, arrival: float, timeout_s: float | None
+    ) -> AsyncGenerator[CompletionChunk, None]:
         params = request.params
         if params.n > MAX_N:
             raise InvalidArgumentError("sampling_params.n", f"must be <= {MAX_N}, got {params.n}")
-        token_ids = await self._prompt_token_ids(request)
+        with self._ctx.tracing.span("tokenize") as span:
+            token_ids = await self._prompt_token_ids(request)
+            span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
         self._check_length(len(token_ids), params.max_tokens)
         plan = await self._plan(request, token_ids, arrival, timeout_s)
         runs = [
@@ -139,9 +180,17 @@ class RequestLifecycle:
         # short prompts to one pod, though nothing of it is cached.
         routing_key = block_hashes[0] if block_hashes else hash_block_tokens(None, token_ids, extra_keys)
         cached_blocks: dict[str, int] = {}
-        if block_hashes:
-            live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
+        latency_s: float | None = None
+        live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
+        if block_hashes and live:
+            started = time.perf_counter()
             cached_blocks = await self._directory.longest_prefix(block_hashes, live)
+            latency_s = time.perf_counter() - started
+            # NOTE: an answer names every live pod; {} means Redis failed (routing falls back to rendezvous).
+            if cached_blocks:
+                self._ctx.metrics.observe_directory_lookup(latency_s, any(cached_blocks.values()))
+            else:
+                self._ctx.metrics.count_directory_error()
         return PromptPlan(
             # NOTE: the tag keeps pod-side ids unique when callers reuse a request_id.
             request_id=f"{request.request_id}.{secrets.token_hex(4)}",
@@ -151,6 +200,7 @@ class RequestLifecycle:
             cache_salt=request.cache_salt,
             arrival=arrival,
             deadline=None if timeout_s is None else arrival + timeout_s,
+            directory_latency_s=latency_s,
         )
 
 

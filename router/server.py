@@ -13,6 +13,8 @@ from typing import Any
 
 import grpc.aio
 
+from common.grpc_errors import to_status
+from common.metrics import ServiceMetrics
 from engine.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.outputs import CompletionChunk, CompletionMetrics
@@ -28,16 +30,21 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     """pdserve.v1.GenerationService over a RequestLifecycle."""
 
-    def __init__(self, lifecycle: RequestLifecycle) -> None:
+    def __init__(self, lifecycle: RequestLifecycle, metrics: ServiceMetrics | None = None) -> None:
         self._lifecycle = lifecycle
+        self._metrics = metrics or ServiceMetrics("router")
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateResponse]:
-        call = _generate_input(request)
-        async with contextlib.aclosing(self._lifecycle.generate(call, context.time_remaining())) as chunks:
-            async for chunk in chunks:
-                yield _response(call.request_id, chunk)
+        try:
+            call = _generate_input(request)
+            async with contextlib.aclosing(self._lifecycle.generate(call, context.time_remaining())) as chunks:
+                async for chunk in chunks:
+                    yield _response(call.request_id, chunk)
+        except Exception as exc:
+            self._metrics.count_router_rejection(to_status(exc).code.name)
+            raise
 
     async def GetModelInfo(
         self, request: generation_pb2.GetModelInfoRequest, context: Context

@@ -3,8 +3,9 @@
 Each worker talks to the router over its own socket pair, read and written by the event loop
 directly: one request costs a pickled string out and a list of ids back, with no executor threads
 in between (a ProcessPoolExecutor round trip costs ~3-10x more). Requests go to the worker with
-the fewest outstanding ones. Workers are forked from a forkserver that has imported this module
-(and transformers) once, so starting N workers costs one import, not N.
+the fewest outstanding ones; a request's queue time (behind the worker's earlier ones: a worker
+answers in order) goes to the pool's `on_queue_time` hook. Workers are forked from a forkserver
+that has imported this module (and transformers) once, so starting N workers costs one import, not N.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pickle
 import signal
 import socket
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -114,6 +116,7 @@ class _Worker:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._read_task: asyncio.Task[None] | None = None
+        self._last_reply_at = 0.0
 
     @property
     def num_pending(self) -> int:
@@ -131,8 +134,8 @@ class _Worker:
         self._read_task = asyncio.create_task(self._read_replies(), name=f"tokenizer-worker-{value}")
         return int(value)
 
-    async def call(self, op: str, arg: Any) -> tuple[str, Any]:
-        """(status, value) of one operation on the worker."""
+    async def call(self, op: str, arg: Any) -> tuple[str, Any, float]:
+        """(status, value, queue time in s) of one operation on the worker."""
         if not self.alive:
             raise UnavailableError("tokenizer worker is gone")
         request_id = next(self._ids)
@@ -140,12 +143,14 @@ class _Worker:
         self._pending[request_id] = future
         try:
             data = pickle.dumps((request_id, op, arg), protocol=pickle.HIGHEST_PROTOCOL)
+            sent_at = time.perf_counter()
             self._writer.write(_HEADER.pack(len(data)) + data)
             await self._writer.drain()
-            status, value = await future
+            status, value, previous_reply_at = await future
         finally:
             self._pending.pop(request_id, None)
-        return status, value
+        # NOTE: the worker answers in order, so it started this request when it sent the previous reply.
+        return status, value, max(previous_reply_at - sent_at, 0.0)
 
     async def aclose(self) -> None:
         if self._read_task is not None:
@@ -169,7 +174,8 @@ class _Worker:
                 request_id, status, value = await self._read_frame()
                 future = self._pending.get(request_id)
                 if future is not None and not future.done():
-                    future.set_result((status, value))
+                    future.set_result((status, value, self._last_reply_at))
+                self._last_reply_at = time.perf_counter()
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.error(
                 "tokenizer worker %s exited (%r); %d requests failed", self.process.pid, exc, len(self._pending)
@@ -183,11 +189,12 @@ class _Worker:
 class TokenizerPool:
     """`size` worker processes tokenizing prompts for the router; async API, safe to share."""
 
-    def __init__(self, model_folder: Path, size: int) -> None:
+    def __init__(self, model_folder: Path, size: int, on_queue_time: Callable[[float], None] | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self._folder = model_folder
         self._size = size
+        self._on_queue_time = on_queue_time
         self._workers: list[_Worker] = []
         self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -231,7 +238,9 @@ class TokenizerPool:
         worker = min(self._workers, key=lambda w: (not w.alive, w.num_pending))
         if not worker.alive:
             raise UnavailableError("no tokenizer worker is running; retry")
-        status, value = await worker.call(op, arg)
+        status, value, queue_s = await worker.call(op, arg)
+        if self._on_queue_time is not None:
+            self._on_queue_time(queue_s)
         if status == _INVALID:
             raise InvalidArgumentError("messages", f"the chat template rejected the messages: {value}")
         if status != _OK:

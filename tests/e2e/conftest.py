@@ -1,6 +1,7 @@
 """Fixtures of the end-to-end tests: one real cluster for the whole session (Redis, 2 prefill pods, 2 decode
-pods, the router: real processes over real sockets), a client of its router, and the offline engine as
-the oracle of greedy outputs. A failing test's report carries the tail of every cluster process's log.
+pods, the router: real processes over real sockets; tracing off, no /metrics endpoints), a client of its
+router, and the offline engine as the oracle of greedy outputs. A failing test's report carries the tail of
+every cluster process's log.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     """2 prefill + 2 decode pods and the router; tests may add and stop pods and restart Redis."""
     config = ClusterConfig(
         num_prefill=2, num_decode=2, port=0, registry_refresh_s=REGISTRY_REFRESH_S, pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S,
+        log_dir=tmp_path_factory.mktemp("cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
     )  # fmt: skip
     with LocalCluster(config) as cluster:
         _clusters.append(cluster)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ class Up:
     address: str
     log_dir: Path
     stderr_path: Path
+    metrics_urls: dict[str, str]
+    """What `pdserve up` listed under its first line: process name -> /metrics URL."""
 
     def logs(self) -> str:
         parts = [f"----- pdserve up stderr -----\n{_tail(self.stderr_path)}"]
@@ -93,16 +97,19 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log_dir = tmp_path_factory.mktemp("pdserve-up-logs")
     stderr_path = log_dir / "pdserve-up.stderr"
     argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
-            "--registry-refresh-s", "0.2", *POD_ARGS]  # fmt: skip
+            "--registry-refresh-s", "0.2", "--metrics-port", "0", *POD_ARGS]  # fmt: skip
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_forward_lines, args=(process, lines), daemon=True).start()
-    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path)
+    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, {})
     try:
         line = lines.get(timeout=STARTUP_TIMEOUT_S)
+        for _ in range(3):
+            name, _, url = lines.get(timeout=5.0).strip().partition(" metrics: ")
+            running.metrics_urls[name] = url
     except queue.Empty:
-        line = ""
+        line = line if running.metrics_urls else ""
     try:
         assert line.startswith(f"pdserve router listening on 127.0.0.1:{port} "), f"got {line!r}\n{running.logs()}"
         yield running
@@ -135,6 +142,14 @@ def test_greedy_output_equals_the_offline_engine_token_for_token(up: Up, oracle:
                                                 for p in PROMPTS])  # fmt: skip
     assert [c.token_ids for c in completions] == [e.token_ids for e in expected], up.logs()
     assert [c.text for c in completions] == [e.text for e in expected]
+
+
+def test_pdserve_up_lists_each_process_metrics_url_and_they_answer(up: Up) -> None:
+    assert sorted(up.metrics_urls) == ["decode-0", "prefill-0", "router"], up.metrics_urls
+    for name, url in up.metrics_urls.items():
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url), url
+        with urllib.request.urlopen(url, timeout=5.0) as response:
+            assert "pdserve:time_to_first_token_seconds" in response.read().decode(), name
 
 
 def test_pdserve_generate_prints_the_bad_field_and_exits_non_zero(up: Up) -> None:

@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from common.telemetry_config import TelemetryConfig
 from router.__main__ import parse_args
 from router.config import RouterConfig, RoutingConfig
 
 
 def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    config, routing = parse_args(["--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3",
-                                  "--registry-refresh-s", "0.5", "--max-attempts", "5"])  # fmt: skip
+    config, routing, telemetry = parse_args([
+        "--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3", "--registry-refresh-s", "0.5",
+        "--max-attempts", "5", "--missing-pod-grace-s", "0.6", "--otlp-endpoint", "http://c:4317",
+        "--metrics-port", "9100",
+    ])  # fmt: skip
     assert config == RouterConfig(port=0, redis_url="redis://r:1/0", tokenizer_pool_size=3, registry_refresh_s=0.5)
-    assert routing == RoutingConfig(max_attempts=5)
-    assert parse_args([]) == (RouterConfig(), RoutingConfig())
+    assert routing == RoutingConfig(max_attempts=5, missing_pod_grace_s=0.6)
+    assert telemetry == TelemetryConfig(otlp_endpoint="http://c:4317", metrics_port=9100)
+    assert parse_args([]) == (RouterConfig(), RoutingConfig(), TelemetryConfig())
     with pytest.raises(SystemExit) as info:
         parse_args(["--block-size", "24"])
     assert info.value.code == 2

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from common.pod_registry import PodInfo, PodRegistry
+from common.errors import UnavailableError
+from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.redis_server import RedisServer
 from router.pod_load import PodLoad
 from router.pod_view import PodView
@@ -50,8 +51,9 @@ async def test_keeps_the_last_list_while_redis_is_down_and_sees_new_pods_after_r
         redis_server.start()  # empty: nothing is persisted
         await registry.register(P1)
         assert await view.refresh()
-        assert view.pods("prefill") == [P1]
-        assert view.pods("decode") == []
+        # NOTE: the pods missing from the restarted registry stay until their next heartbeat or one TTL.
+        assert view.pods("prefill") == [P0, P1]
+        assert view.pods("decode") == [D0]
     finally:
         await view.aclose()
         await registry.aclose()
@@ -127,3 +129,89 @@ async def test_background_refresh_picks_up_a_new_pod(redis_server: RedisServer) 
     finally:
         await view.aclose()
         await registry.aclose()
+
+
+class _FakeRegistry:
+    """A registry whose listing the test sets; `None` raises UnavailableError (Redis down)."""
+
+    def __init__(self) -> None:
+        self.listed: list[PodInfo] | None = []
+
+    async def list_pods(self, role: PodRole | None = None) -> list[PodInfo]:
+        if self.listed is None:
+            raise UnavailableError("redis down")
+        return sorted(self.listed, key=lambda pod: pod.pod_id)
+
+
+def _grace_view(registry: _FakeRegistry, clock: _Clock) -> PodView:
+    return PodView(registry, MODEL, refresh_s=60.0, load=PodLoad(), missing_grace_s=3.0, clock=clock)
+
+
+async def test_a_pod_missing_from_a_restarted_registry_stays_for_one_ttl() -> None:
+    registry, clock = _FakeRegistry(), _Clock()
+    view = _grace_view(registry, clock)
+    registry.listed = [P0, D0]
+    assert await view.refresh()
+    registry.listed = None
+    clock.now += 10.0
+    assert not await view.refresh()
+    registry.listed = []  # Redis is back, empty, before the pods' next heartbeat
+    assert await view.refresh()
+    assert (view.pods("prefill"), view.pods("decode")) == ([P0], [D0])
+    clock.now += 2.9
+    registry.listed = [D0]  # the decode pod heartbeated again
+    assert await view.refresh()
+    assert (view.pods("prefill"), view.pods("decode")) == ([P0], [D0])
+    clock.now += 0.1
+    assert await view.refresh()
+    assert (view.pods("prefill"), view.pods("decode")) == ([], [D0])
+    registry.listed = [D0, P0]
+    assert await view.refresh()
+    assert view.pods("prefill") == [P0]
+    clock.now += 2.0
+    registry.listed = [D0]  # missing again: a fresh grace, not what is left of the first one
+    assert await view.refresh()
+    clock.now += 2.9
+    assert await view.refresh()
+    assert view.pods("prefill") == [P0]
+    clock.now += 0.1
+    assert await view.refresh()
+    assert view.pods("prefill") == []
+    await view.aclose()
+
+
+async def test_a_draining_pod_that_deregisters_drops_out_at_once() -> None:
+    registry, clock = _FakeRegistry(), _Clock()
+    view = _grace_view(registry, clock)
+    registry.listed = [P0, P1]
+    assert await view.refresh()
+    registry.listed = [dataclasses.replace(P0, draining=True), P1]
+    assert await view.refresh()
+    assert view.pods("prefill") == [P1]
+    assert [pod.pod_id for pod in view.all_pods] == ["prefill-0", "prefill-1"]
+    registry.listed = [P1]
+    assert await view.refresh()
+    assert view.all_pods == [P1]
+    await view.aclose()
+
+
+async def test_a_missing_pod_leaves_when_its_address_is_taken_or_a_call_fails_or_it_returns_restarted() -> None:
+    registry, clock = _FakeRegistry(), _Clock()
+    view = _grace_view(registry, clock)
+    registry.listed = [P0, P1, D0]
+    assert await view.refresh()
+    successor = dataclasses.replace(P0, pod_id="prefill-9", generation=2)
+    registry.listed = [successor, D0]
+    assert await view.refresh()
+    assert view.pods("prefill") == [P1, successor]
+    view.report_unavailable("prefill-1")
+    assert view.pods("prefill") == [successor]
+    assert view.all_pods == [D0, successor]
+    restarted = dataclasses.replace(D0, generation=2, address="127.0.0.1:8")
+    registry.listed = [successor, restarted]
+    assert await view.refresh()
+    assert view.pods("decode") == [restarted]
+    clock.now += 100.0
+    assert await view.refresh()
+    assert view.all_pods == [restarted, successor]
+    await view.aclose()
