@@ -1,12 +1,17 @@
 """The life of a prefill or decode pod's process around its gRPC server, shared by both roles.
 
+0. Construction sets up the pod's telemetry: tracing (off unless an OTLP endpoint is configured; its interceptor
+   first in the server's list) and metrics (`/metrics` served from `start_server` when a port is configured).
 1. `start_server`: bind and start the server; health says NOT_SERVING while the engine loads.
 2. `go_live(worker)`: register in the pod registry (with the worker's load), heartbeat every `heartbeat_s`,
    health SERVING, and print the serving line `pdserve <role> serving on <host:port>` to stdout.
 3. `stopping` is set (SIGTERM/SIGINT with `install_signal_handlers`, or by the caller); then `drain`: the worker
    refuses new requests, the registry entry says draining and health NOT_SERVING, in-flight requests finish
    (bounded by `drain_timeout_s`), and the entry is removed.
-4. `stop`: the server stops and the registry client closes.
+4. `stop`: the server stops and the registry client closes; `close_telemetry` (after the worker closed) exports
+   the last spans and stops `/metrics`.
+The heartbeat reads the worker's load snapshot, never waiting for the engine thread: a long step (an unchunked
+prefill) must not outlast the registry TTL.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import grpc
 import grpc.aio
@@ -27,8 +32,11 @@ import grpc.aio
 from common.errors import UnavailableError
 from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
 from common.grpc_server import HealthState, add_standard_services
+from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.service_config import PodServerConfig, RegistryConfig
+from common.telemetry import Tracing, setup_tracing
+from common.telemetry_config import TelemetryConfig
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -47,7 +55,7 @@ _STOP_GRACE_S = 1.0
 
 @dataclass(slots=True, frozen=True)
 class PodLoad:
-    """What the registry heartbeat reports of the engine (read on the engine thread)."""
+    """What the registry heartbeat reports of the engine (read on the engine thread, after every step or command)."""
 
     num_running: int
     num_waiting: int
@@ -67,17 +75,33 @@ class PodWorker(Protocol):
         """Refuse new requests (UNAVAILABLE) from now on; in-flight ones go on."""
         ...
 
-    async def load(self) -> PodLoad: ...
+    def load(self) -> PodLoad:
+        """The engine's load as of its last step or command; never waits for the engine thread."""
+        ...
 
 
 def read_load(engine: LLMEngine) -> PodLoad:
-    """The engine's load numbers; call on the engine thread (e.g. through AsyncEngine.call)."""
+    """The engine's load numbers; call on the engine thread (e.g. from AsyncEngine's on_update hook)."""
     return PodLoad(
         engine.scheduler.num_running,
         engine.scheduler.num_waiting,
         engine.kv_cache_manager.num_free_blocks,
         engine.info.num_blocks,
     )
+
+
+def report_engine_state(metrics: ServiceMetrics, engine: LLMEngine) -> PodLoad:
+    """Engine thread: the load numbers, also set as the metrics' engine state (gauges and running totals)."""
+    load = read_load(engine)
+    metrics.set_engine_state(
+        num_running=load.num_running,
+        num_waiting=load.num_waiting,
+        kv_cache_usage=1.0 - load.num_free_blocks / load.num_total_blocks,
+        prefix_cache_queries=engine.kv_cache_manager.stats.queries,
+        prefix_cache_hits=engine.kv_cache_manager.stats.hits,
+        num_preemptions=engine.scheduler.num_preemptions,
+    )
+    return load
 
 
 def engine_stream(
@@ -97,14 +121,11 @@ def transfer_status_code(error: TransferError) -> grpc.StatusCode:
     return grpc.StatusCode.ABORTED
 
 
-async def abort_with_transfer_error(
-    context: grpc.aio.ServicerContext[Any, Any], error: TransferError, request_id: str
-) -> None:
-    """End the RPC with the status of a KV transfer error; a no-op once the caller has gone (it often cancels its
-    call as soon as the other pod reports the same failure)."""
-    if context.cancelled() or context.done():
-        return
-    await context.abort(transfer_status_code(error), f"request {request_id!r}: {error}")
+def transfer_rpc_error(error: TransferError, request_id: str) -> grpc.aio.AioRpcError:
+    """The status that reports a KV transfer error, as an error for the servicer to raise: the ErrorInterceptor,
+    the one place that ends calls with an error, passes it through (or finds the caller gone and does nothing)."""
+    details = f"request {request_id!r}: {error}"
+    return grpc.aio.AioRpcError(transfer_status_code(error), grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 async def load_engine(config: EngineConfig) -> LLMEngine:
@@ -132,12 +153,20 @@ class PodRuntime:
         model: str,
         server_config: PodServerConfig,
         registry_config: RegistryConfig,
+        telemetry_config: TelemetryConfig | None = None,
         stopping: asyncio.Event | None = None,
     ) -> None:
         self.role = role
         self.pod_id = registry_config.pod_id or f"{role}-{uuid.uuid4().hex[:8]}"
         self.generation = time.time_ns()
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(POD_FIELD_PATHS)])
+        self._telemetry_config = telemetry_config or TelemetryConfig()
+        self.tracing: Tracing = setup_tracing(self._telemetry_config, role, instance_id=self.pod_id)
+        self.metrics = ServiceMetrics(role)
+        self.metrics_port: int | None = None
+        # NOTE: tracing first, so that its SERVER span sees the status the ErrorInterceptor sets.
+        self.server = grpc.aio.server(
+            interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)]
+        )
         self.stopping = stopping or asyncio.Event()
         self.address = ""
         self._model = model
@@ -160,6 +189,11 @@ class PodRuntime:
         self.address = format_endpoint(config.public_host, port)
         await self.server.start()
         logger.info("%s %s: gRPC server on %s (NOT_SERVING until loaded)", self.role, self.pod_id, self.address)
+        telemetry = self._telemetry_config
+        self.metrics_port = self.metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
+        if self.metrics_port is not None:
+            logger.info("%s %s: metrics on %s:%d/metrics", self.role, self.pod_id, telemetry.metrics_host,
+                        self.metrics_port)  # fmt: skip
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT set `stopping` (the caller then drains)."""
@@ -199,6 +233,11 @@ class PodRuntime:
         await self.server.stop(_STOP_GRACE_S)
         await self._registry.aclose()
 
+    async def close_telemetry(self) -> None:
+        """Export the spans still queued and stop the /metrics endpoint; last, after the worker has closed."""
+        await self.tracing.aclose()
+        self.metrics.close()
+
     def _on_signal(self, signum: int) -> None:
         if self.stopping.is_set():
             logger.info("%s received again; already draining", signal.Signals(signum).name)
@@ -213,8 +252,8 @@ class PodRuntime:
         if worker.num_in_flight:
             logger.warning("drain timed out after %.1f s with %d requests in flight", timeout_s, worker.num_in_flight)
 
-    async def _pod_info(self, worker: PodWorker) -> PodInfo:
-        load = await worker.load()
+    def _pod_info(self, worker: PodWorker) -> PodInfo:
+        load = worker.load()
         return PodInfo(
             pod_id=self.pod_id,
             role=self.role,
@@ -234,7 +273,7 @@ class PodRuntime:
         so a beat after an outage (or a Redis restart) registers the pod again."""
         assert self._worker is not None
         try:
-            await self._registry.heartbeat(await self._pod_info(self._worker))
+            await self._registry.heartbeat(self._pod_info(self._worker))
         except Exception as exc:  # Redis down, or the engine thread failed: keep beating, log once per outage.
             if not quiet:
                 logger.warning("pod heartbeat failing, will keep trying every %.2f s: %s", self._heartbeat_s, exc)

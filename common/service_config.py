@@ -67,8 +67,10 @@ class RegistryConfig:
 @dataclass(frozen=True, slots=True)
 class PodTransferConfig:
     kv_transfer_backend: str = field(default="tcp", metadata=doc(f"how KV blocks move prefill -> decode: {BACKENDS}"))
+    # NOTE: the lease only bounds how long KV stays stranded when a peer dies (cancels free at once); 30 s
+    # leaves room for a prefill queued behind a burst on a loaded CPU host, where 10 s lapsed in tests.
     kv_lease_s: float = field(
-        default=10.0,
+        default=30.0,
         metadata=doc(
             "decode: how long a reservation waits for its claim or next chunk; prefill: for the next ack, and "
             "the decode lease assumed for KV targets that name none"

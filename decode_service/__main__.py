@@ -16,6 +16,7 @@ from common.config import add_config_args, config_from_args
 from common.errors import InvalidArgumentError
 from common.pod_runtime import PodRuntime, load_engine
 from common.service_config import KVReceiverConfig, PodServerConfig, PodTransferConfig, RegistryConfig
+from common.telemetry_config import TelemetryConfig
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -32,6 +33,7 @@ class DecodePodConfig:
     transfer: PodTransferConfig
     receiver: KVReceiverConfig
     engine: EngineConfig
+    telemetry: TelemetryConfig
 
 
 def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
         ModelConfig,
         CacheConfig,
         SchedulerConfig,
+        TelemetryConfig,
     )
     for cls in parts:
         add_config_args(parser, cls)
@@ -60,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
                 config_from_args(CacheConfig, args),
                 config_from_args(SchedulerConfig, args),
             ),
+            config_from_args(TelemetryConfig, args),
         )
     except InvalidArgumentError as exc:
         parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")
@@ -67,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
 
 async def run_pod(config: DecodePodConfig, stop: asyncio.Event | None = None, handle_signals: bool = False) -> int:
     """Serve until `stop` is set (or a signal arrives, with `handle_signals`), then drain; returns the exit code."""
-    runtime = PodRuntime("decode", config.engine.model.model, config.server, config.registry, stop)
+    runtime = PodRuntime("decode", config.engine.model.model, config.server, config.registry, config.telemetry, stop)
     servicer = DecodeServicer()
     decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, runtime.server)
     await runtime.start_server([SERVICE_NAME])
@@ -84,7 +88,14 @@ async def run_pod(config: DecodePodConfig, stop: asyncio.Event | None = None, ha
             config.receiver.kv_port,
             advertise_host=config.server.public_host,
         )
-        worker = DecodeWorker(engine, receiver, config.transfer.kv_transfer_backend, config.transfer.kv_lease_s)
+        worker = DecodeWorker(
+            engine,
+            receiver,
+            config.transfer.kv_transfer_backend,
+            config.transfer.kv_lease_s,
+            tracing=runtime.tracing,
+            metrics=runtime.metrics,
+        )
         worker.start()
         logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.endpoint)
         servicer.worker = worker
@@ -95,6 +106,7 @@ async def run_pod(config: DecodePodConfig, stop: asyncio.Event | None = None, ha
         await runtime.stop()
         if worker is not None:
             await worker.aclose()
+        await runtime.close_telemetry()
     return 0
 
 

@@ -9,18 +9,34 @@ Lifecycle of one request (its engine request id is the transfer id, chosen here 
 3. A reservation that ends without a claim (lease lapsed, Release, a failed or aborted transfer, a cancelled or
    failed Decode call) fires the receiver's on_released hook, which frees its blocks in the engine.
 Cancelling a Decode call aborts its request (or the transfer it waits for); its blocks are freed either way.
+Telemetry: spans "decode.admission" (waiting for the transfer, then admission) and "decode.generate" (admission to
+the last token, with the event "first_decode_token"); reservations that end unclaimed and calls that end early are
+logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from common.pod_runtime import PodLoad, engine_stream, read_load
+from common.metrics import ServiceMetrics
+from common.pod_runtime import PodLoad, engine_stream, read_load, report_engine_state
+from common.telemetry import (
+    EVENT_DECODE_ADMITTED,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    PDSERVE_KV_TRANSFER_ID,
+    PDSERVE_REQUEST_ID,
+    Tracing,
+)
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -29,6 +45,9 @@ from kv_transfer.base import KVReceiver
 from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferAbortedError, TransferError, TransferExpiredError, TransferState
 
+logger = logging.getLogger(__name__)
+
+EVENT_FIRST_DECODE_TOKEN = "first_decode_token"
 _MIN_POLL_S = 0.001
 _MAX_POLL_S = 0.005
 _ENDED_ERRORS: dict[TransferState, type[TransferError]] = {
@@ -52,14 +71,26 @@ class Reservation:
 class DecodeWorker:
     """Serves Reserve, Decode and Release on one engine. Build it, `start()` it on the event loop, `aclose()` it."""
 
-    def __init__(self, engine: LLMEngine, receiver: KVReceiver, backend: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        receiver: KVReceiver,
+        backend: str,
+        lease_s: float,
+        tracing: Tracing | None = None,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
         self.info = engine.info
         self._receiver = receiver
         self._backend = backend
         self._lease_s = lease_s
+        self._tracing = tracing or Tracing(trace.NoOpTracer())
+        self._metrics = metrics or ServiceMetrics("decode")
+        self._load = read_load(engine)
         receiver.on_released = self._on_released
-        self._async_engine = AsyncEngine(engine, on_step=_drop_cache_events)
+        self._async_engine = AsyncEngine(engine, on_step=_drop_cache_events, on_update=self._on_update)
         self._pending: set[str] = set()  # reserved, neither claimed nor ended yet
+        self._request_ids: dict[str, str] = {}  # of pending transfers, for logs
         self._decoding: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
@@ -85,11 +116,13 @@ class DecodeWorker:
     def start_draining(self) -> None:
         self._draining = True
 
-    async def load(self) -> PodLoad:
-        return await self._async_engine.call(read_load)
+    def load(self) -> PodLoad:
+        """The engine's load after its last step or command (see common.pod_runtime.PodWorker)."""
+        return self._load
 
-    async def reserve(self, num_prompt_tokens: int, max_tokens: int) -> Reservation:
-        """Reserve the prompt's blocks under a lease (ResourceExhaustedError when the pool cannot supply them)."""
+    async def reserve(self, num_prompt_tokens: int, max_tokens: int, request_id: str = "") -> Reservation:
+        """Reserve the prompt's blocks under a lease (ResourceExhaustedError when the pool cannot supply them);
+        `request_id` (the router's) is only for logs."""
         if self._draining:
             raise UnavailableError("decode pod is draining")
         self._check_reserve(num_prompt_tokens, max_tokens)
@@ -100,13 +133,14 @@ class DecodeWorker:
 
         # NOTE: counted as pending before its lease starts, so that the discard by its release always comes after.
         self._pending.add(transfer_id)
+        self._request_ids[transfer_id] = request_id
         try:
             block_ids = await self._async_engine.call(reserve)
         except BaseException:
-            self._pending.discard(transfer_id)
+            self._forget(transfer_id)
             raise
         if block_ids is None:
-            self._pending.discard(transfer_id)
+            self._forget(transfer_id)
             raise ResourceExhaustedError(
                 f"no {-(-num_prompt_tokens // self.info.block_size)} free KV blocks for "
                 f"{num_prompt_tokens} prompt tokens"
@@ -116,34 +150,77 @@ class DecodeWorker:
         )
 
     async def decode(
-        self, transfer_id: str, prompt_token_ids: list[int], first_token_id: int, params: SamplingParams
+        self,
+        transfer_id: str,
+        prompt_token_ids: list[int],
+        first_token_id: int,
+        params: SamplingParams,
+        request_id: str = "",
     ) -> AsyncIterator[EngineOutput]:
         """Wait for the transfer, admit the request and stream its outputs (token 2 on).
 
         Raises InvalidArgumentError for bad input and a TransferError if the transfer ends without DONE (or is
-        unknown); the reservation is freed then.
+        unknown); the reservation is freed then. `request_id` (the router's) is only for logs and spans.
         """
         if transfer_id in self._decoding:
             raise InvalidArgumentError("transfer_id", f"{transfer_id!r} is already being decoded")
         self._decoding.add(transfer_id)
-        self._pending.discard(transfer_id)
+        self._forget(transfer_id)
+        arrival = time.monotonic()
+        attributes = {PDSERVE_REQUEST_ID: request_id, PDSERVE_KV_TRANSFER_ID: transfer_id}
+        admission = self._tracing.tracer.start_span("decode.admission", attributes=attributes)
+        finish_reason: str | None = None
         try:
             self._check_decode(prompt_token_ids, first_token_id, params)
             await self._wait_for_transfer(transfer_id)
+            generate = self._tracing.tracer.start_span("decode.generate", attributes=attributes)
 
             def admit(engine: LLMEngine) -> None:
                 self._admit(engine, transfer_id, prompt_token_ids, first_token_id, params)
+                admission.add_event(EVENT_DECODE_ADMITTED)
+                admission.end()
 
-            async with aclosing(engine_stream(self._async_engine, transfer_id, admit)) as outputs:
-                async for output in outputs:
-                    yield output
+            try:
+                async with aclosing(engine_stream(self._async_engine, transfer_id, admit)) as outputs:
+                    async for output in self._measured(outputs, arrival, generate):
+                        finish_reason = output.finish_reason
+                        yield output
+            finally:
+                generate.end()
         finally:
+            admission.end()
             self._decoding.discard(transfer_id)
             self._receiver.abort(transfer_id)
+            if finish_reason is None:
+                logger.info("decode of request %r (transfer %s) ended early: aborted", request_id, transfer_id)
+
+    async def _measured(
+        self, outputs: AsyncIterator[EngineOutput], arrival: float, span: trace.Span
+    ) -> AsyncIterator[EngineOutput]:
+        """The outputs, with the decode pod's metrics and the "decode.generate" span's event and attributes."""
+        admitted = last = time.monotonic()
+        num_tokens = 0
+        async for output in outputs:
+            now = time.monotonic()
+            if output.new_token_ids:
+                if num_tokens == 0:
+                    span.add_event(EVENT_FIRST_DECODE_TOKEN)
+                itl = None if num_tokens == 0 else now - last
+                num_tokens += len(output.new_token_ids)
+                self._metrics.observe_output_tokens(len(output.new_token_ids), itl)
+                last = now
+            if output.finish_reason is not None:
+                span.set_attributes(
+                    {GEN_AI_USAGE_OUTPUT_TOKENS: num_tokens + 1, GEN_AI_RESPONSE_FINISH_REASONS: [output.finish_reason]}
+                )
+                self._metrics.observe_finished(
+                    output.finish_reason, now - arrival, num_tokens + 1, decode_s=now - admitted
+                )
+            yield output
 
     def release(self, transfer_id: str) -> None:
         """Free a reservation now; unknown, ended or claimed transfers are left alone."""
-        self._pending.discard(transfer_id)
+        self._forget(transfer_id)
         self._receiver.abort(transfer_id)
 
     def _check_reserve(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -209,13 +286,27 @@ class DecodeWorker:
         self._receiver.claim(transfer_id)
         engine.add_prefilled_request(transfer_id, prompt_token_ids, first_token_id, params)
 
+    def _forget(self, transfer_id: str) -> None:
+        """Event loop: the reservation is no longer pending."""
+        self._pending.discard(transfer_id)
+        self._request_ids.pop(transfer_id, None)
+
+    def _on_update(self, engine: LLMEngine) -> None:
+        """Engine thread, after every step and command: the load snapshot and the metrics' engine state."""
+        self._load = report_engine_state(self._metrics, engine)
+
     def _on_released(self, transfer_id: str, state: TransferState) -> None:
-        """Receiver housekeeping thread: a reservation ended without a claim; free its blocks.
+        """Receiver housekeeping thread: a reservation ended without a claim; count and log it, free its blocks.
 
         NOTE: the reservation is no request, so abort_requests just releases its blocks (on the engine thread).
         """
+        if state is TransferState.EXPIRED:
+            self._metrics.count_kv_lease_expiry()
+        log = logger.info if state is TransferState.ABORTED else logger.warning
+        log("KV reservation of request %r (transfer %s) ended %s before its claim; its blocks are freed",
+            self._request_ids.get(transfer_id, ""), transfer_id, state.value)  # fmt: skip
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._pending.discard, transfer_id)
+            self._loop.call_soon_threadsafe(self._forget, transfer_id)
         self._async_engine.abort(transfer_id)
 
 

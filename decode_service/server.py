@@ -9,7 +9,7 @@ import grpc.aio
 
 from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import abort_with
-from common.pod_runtime import abort_with_transfer_error
+from common.pod_runtime import transfer_rpc_error
 from decode_service.decode_worker import DecodeWorker, Reservation
 from engine.scheduler_output import EngineOutput
 from kv_transfer.state import TransferError
@@ -36,7 +36,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
 
     async def Reserve(self, request: decode_pb2.ReserveRequest, context: Context) -> decode_pb2.ReserveResponse:
         try:
-            reservation = await self._worker().reserve(request.num_prompt_tokens, request.max_tokens)
+            reservation = await self._worker().reserve(
+                request.num_prompt_tokens, request.max_tokens, request.request_id
+            )
         except InvalidArgumentError as exc:
             # NOTE: ReserveRequest's fields are top-level (max_tokens is no sampling_params field here).
             await abort_with(context, exc, field_paths={})
@@ -47,12 +49,14 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
     ) -> AsyncIterator[decode_pb2.DecodeResponse]:
         worker = self._worker()
         params = sampling_params_from_pb(request.sampling_params)
-        outputs = worker.decode(request.transfer_id, list(request.prompt_token_ids), request.first_token_id, params)
+        outputs = worker.decode(
+            request.transfer_id, list(request.prompt_token_ids), request.first_token_id, params, request.request_id
+        )
         try:
             async for output in outputs:
                 yield _decode_response(output, params.logprobs)
         except TransferError as exc:
-            await abort_with_transfer_error(context, exc, request.request_id)
+            raise transfer_rpc_error(exc, request.request_id) from exc
 
     async def Release(self, request: decode_pb2.ReleaseRequest, context: Context) -> decode_pb2.ReleaseResponse:
         self._worker().release(request.transfer_id)

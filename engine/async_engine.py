@@ -10,6 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -20,6 +21,7 @@ from engine.scheduler_output import EngineOutput
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 StepHook = Callable[[LLMEngine, list[EngineOutput]], None]
+UpdateHook = Callable[[LLMEngine], None]
 
 
 class EngineDeadError(RuntimeError):
@@ -27,9 +29,15 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, on_step: StepHook | None = None) -> None:
+    """`on_step(engine, outputs)` runs on the engine thread after every step; `on_update(engine)` after every step
+    and every batch of commands (e.g. to publish a snapshot of the engine's load that other threads read).
+    `step_started_ns` is the wall-clock start (time.time_ns) of the latest step, for the hooks."""
+
+    def __init__(self, engine: LLMEngine, on_step: StepHook | None = None, on_update: UpdateHook | None = None) -> None:
         self.engine = engine
+        self.step_started_ns = 0
         self._on_step = on_step
+        self._on_update = on_update
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[EngineOutput | BaseException]]] = {}
         self._stopped = threading.Event()
@@ -93,11 +101,14 @@ class AsyncEngine:
     def _loop(self) -> None:
         try:
             while not self._stopped.is_set():
-                self._run_commands(block=not self.engine.has_unfinished_requests())
+                if self._run_commands(block=not self.engine.has_unfinished_requests()):
+                    self._update()
                 if self.engine.has_unfinished_requests():
+                    self.step_started_ns = time.time_ns()
                     outputs = self.engine.step()
                     if self._on_step is not None:
                         self._on_step(self.engine, outputs)
+                    self._update()
                     self._dispatch(outputs)
         except BaseException as exc:
             logger.exception("engine thread failed")
@@ -105,17 +116,22 @@ class AsyncEngine:
             for loop, stream in list(self._streams.values()):
                 loop.call_soon_threadsafe(stream.put_nowait, EngineDeadError(f"engine thread failed: {exc!r}"))
 
-    def _run_commands(self, block: bool) -> None:
+    def _update(self) -> None:
+        if self._on_update is not None:
+            self._on_update(self.engine)
+
+    def _run_commands(self, block: bool) -> bool:
+        """Run the queued commands (waiting a little for one with `block`); False if there was none."""
         try:
             command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             command()
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _dispatch(self, outputs: list[EngineOutput]) -> None:
         for output in outputs:

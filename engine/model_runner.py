@@ -20,7 +20,7 @@ from engine.cuda_graph import CudaGraphRunner
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, load_model
 from engine.sampler import Sampler, SamplingBatch
-from engine.scheduler_output import RunnerOutput, SchedulerOutput
+from engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -214,10 +214,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[logits_indices])
         batch = SamplingBatch(
             params=[r.sampling_params for r in sampling],
-            generators=[
-                None if r.sampling_params.greedy else self._generator(r.req_id, r.sampling_params.seed)
-                for r in sampling
-            ],
+            generators=[None if r.sampling_params.greedy else self._generator(r, logits.shape[1]) for r in sampling],
             prompt_token_ids=[r.prompt_token_ids for r in sampling],
             output_token_ids=[r.output_token_ids for r in sampling],
         )
@@ -227,11 +224,21 @@ class ModelRunner:
             dict(zip(req_ids, out.sampled_token_ids, strict=True)), dict(zip(req_ids, out.logprobs, strict=True))
         )
 
-    def _generator(self, req_id: str, seed: int | None) -> torch.Generator:
-        """The request's own RNG stream: its samples do not depend on what else is in the batch."""
-        generator = self.generators.get(req_id)
+    def _generator(self, req: ScheduledRequest, vocab_size: int) -> torch.Generator:
+        """The request's own RNG stream: its samples do not depend on what else is in the batch.
+
+        NOTE: a request that arrives with output tokens (prefilled on another pod) continues its seeded stream
+        where the other pod stopped: one draw per token already sampled, each `vocab_size` exponentials, exactly
+        as many as the sampler consumes per sampled token.
+        """
+        generator = self.generators.get(req.req_id)
         if generator is None:
+            seed = req.sampling_params.seed
             generator = torch.Generator(device=self.device)
             generator.manual_seed(self._seed_rng.getrandbits(63) if seed is None else seed)
-            self.generators[req_id] = generator
+            if seed is not None and req.output_token_ids:
+                draws = torch.empty((len(req.output_token_ids), vocab_size), dtype=torch.float32, device=self.device)
+                for row in draws:
+                    row.exponential_(generator=generator)
+            self.generators[req.req_id] = generator
         return generator

@@ -18,6 +18,7 @@ from common.errors import InvalidArgumentError
 from common.pod_runtime import PodRuntime, load_engine
 from common.prefix_directory import PrefixDirectory
 from common.service_config import PodServerConfig, PodTransferConfig, RegistryConfig
+from common.telemetry_config import TelemetryConfig
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from kv_transfer.factory import make_sender
 from pdserve.v1 import prefill_pb2_grpc
@@ -34,12 +35,15 @@ class PrefillPodConfig:
     registry: RegistryConfig
     transfer: PodTransferConfig
     engine: EngineConfig
+    telemetry: TelemetryConfig
 
 
 def parse_args(argv: list[str] | None = None) -> PrefillPodConfig:
     """The pod's config from its flags (bad values exit with a usage error)."""
     parser = argparse.ArgumentParser(prog="pdserve prefill", description="Run a prefill pod.")
-    for cls in (PodServerConfig, RegistryConfig, PodTransferConfig, ModelConfig, CacheConfig, SchedulerConfig):
+    parts = (PodServerConfig, RegistryConfig, PodTransferConfig, ModelConfig, CacheConfig, SchedulerConfig,
+             TelemetryConfig)  # fmt: skip
+    for cls in parts:
         add_config_args(parser, cls)
     args = parser.parse_args(argv)
     try:
@@ -52,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> PrefillPodConfig:
                 config_from_args(CacheConfig, args),
                 config_from_args(SchedulerConfig, args),
             ),
+            config_from_args(TelemetryConfig, args),
         )
     except InvalidArgumentError as exc:
         parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")
@@ -59,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> PrefillPodConfig:
 
 async def run_pod(config: PrefillPodConfig, stop: asyncio.Event | None = None, handle_signals: bool = False) -> int:
     """Serve until `stop` is set (or a signal arrives, with `handle_signals`), then drain; returns the exit code."""
-    runtime = PodRuntime("prefill", config.engine.model.model, config.server, config.registry, stop)
+    runtime = PodRuntime("prefill", config.engine.model.model, config.server, config.registry, config.telemetry, stop)
     servicer = PrefillServicer()
     prefill_pb2_grpc.add_PrefillServiceServicer_to_server(servicer, runtime.server)
     await runtime.start_server([SERVICE_NAME])
@@ -78,7 +83,13 @@ async def run_pod(config: PrefillPodConfig, stop: asyncio.Event | None = None, h
             connect_timeout_s=transfer.kv_connect_timeout_s,
         )
         worker = PrefillWorker(
-            engine, sender, transfer.kv_transfer_backend, transfer.kv_lease_s, on_kv_events=publisher.offer
+            engine,
+            sender,
+            transfer.kv_transfer_backend,
+            transfer.kv_lease_s,
+            on_kv_events=publisher.offer,
+            tracing=runtime.tracing,
+            metrics=runtime.metrics,
         )
         publisher.start()
         worker.start()
@@ -91,6 +102,7 @@ async def run_pod(config: PrefillPodConfig, stop: asyncio.Event | None = None, h
         if worker is not None:
             await worker.aclose()
         await publisher.aclose()
+        await runtime.close_telemetry()
     return 0
 
 

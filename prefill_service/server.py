@@ -8,7 +8,7 @@ from typing import Any
 import grpc.aio
 
 from common.errors import UnavailableError
-from common.pod_runtime import abort_with_transfer_error
+from common.pod_runtime import transfer_rpc_error
 from kv_transfer.state import TransferError
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from prefill_service.convert import kv_target_from_pb, prefill_event_to_pb, sampling_params_from_pb
@@ -33,8 +33,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         params = sampling_params_from_pb(request.sampling_params)
         target = kv_target_from_pb(request)
         cache_salt = request.cache_salt if request.HasField("cache_salt") else None
+        events = self.worker.prefill(list(request.prompt_token_ids), params, target, cache_salt, request.request_id)
         try:
-            async for event in self.worker.prefill(list(request.prompt_token_ids), params, target, cache_salt):
+            async for event in events:
                 yield prefill_event_to_pb(event)
         except TransferError as exc:
-            await abort_with_transfer_error(context, exc, request.request_id)
+            raise transfer_rpc_error(exc, request.request_id) from exc

@@ -176,10 +176,14 @@ def pod_flags(model: Path, redis_url: str, pod_id: str, extra: Sequence[str]) ->
 
 @asynccontextmanager
 async def running_pods(
-    model: Path, redis_url: str, prefill_flags: Sequence[str] = (), decode_flags: Sequence[str] = ()
+    model: Path,
+    redis_url: str,
+    prefill_flags: Sequence[str] = (),
+    decode_flags: Sequence[str] = (),
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> AsyncIterator[PodPair]:
     """Start both pods (each with the shared flags plus its own), yield once both are registered and SERVING, then
-    stop (drain) them and check they exited 0."""
+    stop (drain) them and check they exited 0. The stubs' channels use `interceptors` (e.g. tracing ones)."""
     stop = asyncio.Event()
     prefill_config = prefill_main.parse_args(pod_flags(model, redis_url, PREFILL_ID, prefill_flags))
     decode_config = decode_main.parse_args(pod_flags(model, redis_url, DECODE_ID, decode_flags))
@@ -191,8 +195,8 @@ async def running_pods(
     try:
         pods = await _wait_for_registration(registry, tasks)
         async with (
-            grpc.aio.insecure_channel(pods[PREFILL_ID].address) as prefill_channel,
-            grpc.aio.insecure_channel(pods[DECODE_ID].address) as decode_channel,
+            grpc.aio.insecure_channel(pods[PREFILL_ID].address, interceptors=interceptors) as prefill_channel,
+            grpc.aio.insecure_channel(pods[DECODE_ID].address, interceptors=interceptors) as decode_channel,
         ):
             yield PodPair(
                 prefill_pb2_grpc.PrefillServiceStub(prefill_channel),

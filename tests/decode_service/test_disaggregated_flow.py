@@ -144,3 +144,20 @@ async def test_reserve_on_a_full_pool_is_resource_exhausted(tiny_model: Path, re
         second = await pods.reserve(_prompt(40, seed=6), MAX_TOKENS)
         assert len(second.kv_target.block_ids) == 3
         await pods.release(second)
+
+
+async def test_seeded_sampling_equals_the_offline_engines(tiny_model: Path, redis_server: RedisServer) -> None:
+    # NOTE: the decode pod continues the seeded stream where the prefill pod's one draw left it.
+    prompt = _prompt(40, seed=9)
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
+    engine.add_request("seeded", prompt, seeded)
+    expected: list[int] = []
+    while engine.has_unfinished_requests():
+        expected.extend(t for output in engine.step() for t in output.new_token_ids)
+    params = sampling_pb2.SamplingParams(temperature=1.0, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
+    async with running_pods(tiny_model, redis_server.url) as pods:
+        assert (await pods.generate(prompt, params)).token_ids == expected
+        # Two requests with the same seed in one batch still draw from their own streams.
+        flows = await asyncio.gather(pods.generate(prompt, params), pods.generate(prompt, params))
+        assert [flow.token_ids for flow in flows] == [expected, expected]

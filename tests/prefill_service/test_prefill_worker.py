@@ -97,9 +97,9 @@ async def test_chunks_in_order_and_keepalives_while_queued(tiny_model: Path) -> 
         assert short_sends[0] in keepalives and all(s[1:] == ([], [], False) for s in keepalives)
         # Both transfers are DONE: the held blocks are freed (a command the DONE hooks queue).
         for _ in range(100):
-            if (await worker.load()).num_free_blocks == 64:
+            if worker.load().num_free_blocks == 64:
                 break
             await asyncio.sleep(0.01)
-        assert (await worker.load()).num_free_blocks == 64
+        assert worker.load().num_free_blocks == 64
     finally:
         await worker.aclose()
