@@ -115,7 +115,9 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         return 2
     cluster = LocalCluster(config)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # NOTE: SIGINT too: a shell starting `pdserve up` in the background (no job control) leaves it ignored.
+    for sig in handlers:
+        signal.signal(sig, _raise_interrupt)
     try:
         cluster.start()
         print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
