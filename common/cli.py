@@ -3,6 +3,7 @@
 pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100]
            [--otlp-endpoint URL] [pod flags ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
+pdserve bench --workload w1|w2|w3|w4 [--model-shape qwen3-8b] [--baseline transformers]
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
 """
 
@@ -32,6 +33,7 @@ _SERVICE_MAINS = {
     "router": ("router.__main__", "the public router (GenerationService)"),
     "prefill": ("prefill_service.__main__", "one prefill pod"),
     "decode": ("decode_service.__main__", "one decode pod"),
+    "bench": ("engine.benchmark.__main__", "the offline benchmark workloads W1-W4 (engine in-process)"),
 }
 _UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode"}
 _NO_METRICS = -1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.benchmark.__main__ import main
+from common.cli import main as pdserve_main
 from engine.benchmark.stats import RequestTiming, RunStats, percentile
 from engine.benchmark.workloads import make_workload
 
@@ -39,6 +39,7 @@ def test_workloads_follow_the_spec() -> None:
 def test_bench_cli_on_tiny_shape(tmp_path: Path) -> None:
     out = tmp_path / "w4.json"
     args = [
+        "bench",
         "--workload",
         "w4",
         "--model-shape",
@@ -56,7 +57,7 @@ def test_bench_cli_on_tiny_shape(tmp_path: Path) -> None:
         "--json",
         str(out),
     ]
-    assert main(args) == 0
+    assert pdserve_main(args) == 0
     result = json.loads(out.read_text())
     assert result["engine"]["requests"] == 4
     assert result["engine"]["output_tok_per_s"] * result["engine"]["duration_s"] == pytest.approx(24)
