@@ -19,7 +19,7 @@ from common.service_config import KVReceiverConfig, PodServerConfig, PodTransfer
 from common.telemetry_config import TelemetryConfig
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.factory import make_receiver
 from pdserve.v1 import decode_pb2_grpc
 
@@ -58,11 +58,7 @@ def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
             config_from_args(RegistryConfig, args),
             config_from_args(PodTransferConfig, args),
             config_from_args(KVReceiverConfig, args),
-            EngineConfig(
-                config_from_args(ModelConfig, args),
-                config_from_args(CacheConfig, args),
-                config_from_args(SchedulerConfig, args),
-            ),
+            engine_config_from_args(args),
             config_from_args(TelemetryConfig, args),
         )
     except InvalidArgumentError as exc:

@@ -5,9 +5,10 @@ Values measured at run time (number of KV blocks, EOS ids) live in `engine.runti
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
-from common.config import doc
+from common.config import config_from_args, doc
 from common.errors import InvalidArgumentError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -125,3 +126,12 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig and SchedulerConfig."""
+    return EngineConfig(
+        config_from_args(ModelConfig, args),
+        config_from_args(CacheConfig, args),
+        config_from_args(SchedulerConfig, args),
+    )

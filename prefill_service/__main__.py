@@ -19,7 +19,7 @@ from common.pod_runtime import PodRuntime, load_engine
 from common.prefix_directory import PrefixDirectory
 from common.service_config import PodServerConfig, PodTransferConfig, RegistryConfig
 from common.telemetry_config import TelemetryConfig
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.factory import make_sender
 from pdserve.v1 import prefill_pb2_grpc
 from prefill_service.directory_publisher import DirectoryPublisher
@@ -51,11 +51,7 @@ def parse_args(argv: list[str] | None = None) -> PrefillPodConfig:
             config_from_args(PodServerConfig, args),
             config_from_args(RegistryConfig, args),
             config_from_args(PodTransferConfig, args),
-            EngineConfig(
-                config_from_args(ModelConfig, args),
-                config_from_args(CacheConfig, args),
-                config_from_args(SchedulerConfig, args),
-            ),
+            engine_config_from_args(args),
             config_from_args(TelemetryConfig, args),
         )
     except InvalidArgumentError as exc:
