@@ -5,11 +5,9 @@ Conversion lives here, at the boundary: the workers never see a protobuf message
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from google.protobuf import duration_pb2
-
 from common.errors import InvalidArgumentError
+from common.proto_convert import duration_to_pb, finish_reason_to_pb, stop_reason_to_pb
+from common.proto_convert import sampling_params_from_pb as common_sampling_params_from_pb
 from engine.sampling_params import SamplingParams
 from kv_transfer.layout import KVLayout
 from pdserve.v1 import kv_transfer_pb2, prefill_pb2, sampling_pb2
@@ -20,40 +18,13 @@ _BACKENDS = {
     "in_process": kv_transfer_pb2.TRANSFER_BACKEND_IN_PROCESS,
 }
 _BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
-_FINISH_REASONS = {
-    None: sampling_pb2.FINISH_REASON_UNSPECIFIED,
-    "length": sampling_pb2.FINISH_REASON_LENGTH,
-    "stop": sampling_pb2.FINISH_REASON_STOP,
-    "abort": sampling_pb2.FINISH_REASON_ABORT,
-}
-# Fields whose unset value means "the engine default" (proto3 `optional`).
-_OPTIONAL_FIELDS: tuple[Literal["temperature", "top_k", "top_p", "seed", "repetition_penalty", "max_tokens"], ...] = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "seed",
-    "repetition_penalty",
-    "max_tokens",
-)
 
 
 def sampling_params_from_pb(pb: sampling_pb2.SamplingParams) -> SamplingParams:
     """The engine's SamplingParams; n must be unset or 1 (InvalidArgumentError otherwise)."""
     if pb.HasField("n") and pb.n != 1:
         raise InvalidArgumentError("n", f"must be unset or 1 (the router fans n > 1 out), got {pb.n}")
-    optional: dict[str, Any] = {name: getattr(pb, name) for name in _OPTIONAL_FIELDS if pb.HasField(name)}
-    return SamplingParams(
-        min_p=pb.min_p,
-        presence_penalty=pb.presence_penalty,
-        frequency_penalty=pb.frequency_penalty,
-        stop=tuple(pb.stop),
-        stop_token_ids=tuple(pb.stop_token_ids),
-        ignore_eos=pb.ignore_eos,
-        include_stop_str_in_output=pb.include_stop_str_in_output,
-        logprobs=pb.logprobs,
-        priority=pb.priority,
-        **optional,
-    )
+    return common_sampling_params_from_pb(pb)
 
 
 def kv_layout_to_pb(layout: KVLayout) -> kv_transfer_pb2.KVLayout:
@@ -103,20 +74,6 @@ def kv_target_from_pb(pb: prefill_pb2.PrefillRequest) -> KVTarget:
         layout=kv_layout_from_pb(target.layout, "kv_target.layout"),
         lease_s=target.lease.ToNanoseconds() / 1e9 if target.HasField("lease") else None,
     )
-
-
-def finish_reason_to_pb(finish_reason: str | None) -> sampling_pb2.FinishReason.ValueType:
-    return _FINISH_REASONS[finish_reason]
-
-
-def stop_reason_to_pb(stop_token_id: int | None) -> sampling_pb2.StopReason | None:
-    return None if stop_token_id is None else sampling_pb2.StopReason(stop_token_id=stop_token_id)
-
-
-def duration_to_pb(seconds: float) -> duration_pb2.Duration:
-    duration = duration_pb2.Duration()
-    duration.FromNanoseconds(round(seconds * 1e9))
-    return duration
 
 
 def prefill_event_to_pb(event: PrefillEvent) -> prefill_pb2.PrefillResponse:

@@ -7,11 +7,8 @@ clients); everything between sees these.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-FinishReason = Literal["stop", "length", "abort"]
-StopReason = str | int | None
-"""The stop string (str) or the stop / EOS token id (int) that ended a completion."""
+from common.proto_convert import FinishReason, StopReason
 
 
 @dataclass(slots=True, frozen=True)

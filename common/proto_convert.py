@@ -1,24 +1,29 @@
-"""Protobuf <-> plain values shared by both of the router's gRPC edges (clients and pods)."""
+"""Protobuf <-> plain values every service shares: sampling params, finish and stop reasons, durations."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf import duration_pb2
 
 from common.errors import InvalidArgumentError
 from engine.sampling_params import SamplingParams
 from pdserve.v1 import sampling_pb2
-from router.outputs import FinishReason, StopReason
 
-_FINISH_TO_PB: dict[FinishReason, sampling_pb2.FinishReason.ValueType] = {
+FinishReason = Literal["stop", "length", "abort"]
+StopReason = str | int | None
+"""The stop string (str) or the stop / EOS token id (int) that ended a completion."""
+
+_FINISH_TO_PB: dict[str, sampling_pb2.FinishReason.ValueType] = {
     "stop": sampling_pb2.FINISH_REASON_STOP,
     "length": sampling_pb2.FINISH_REASON_LENGTH,
     "abort": sampling_pb2.FINISH_REASON_ABORT,
 }
 _FINISH_FROM_PB: dict[sampling_pb2.FinishReason.ValueType, FinishReason] = {
-    pb: reason for reason, pb in _FINISH_TO_PB.items()
+    sampling_pb2.FINISH_REASON_STOP: "stop",
+    sampling_pb2.FINISH_REASON_LENGTH: "length",
+    sampling_pb2.FINISH_REASON_ABORT: "abort",
 }
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -45,7 +50,8 @@ def sampling_params_to_pb(params: SamplingParams) -> sampling_pb2.SamplingParams
     return sampling_pb2.SamplingParams(**values)
 
 
-def finish_reason_to_pb(reason: FinishReason | None) -> sampling_pb2.FinishReason.ValueType:
+def finish_reason_to_pb(reason: str | None) -> sampling_pb2.FinishReason.ValueType:
+    """`reason` is a FinishReason (the engine reports it as a plain str)."""
     return sampling_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
 
 
