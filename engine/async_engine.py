@@ -93,6 +93,10 @@ class AsyncEngine:
     def abort(self, req_id: str) -> None:
         self._submit(lambda: self._dispatch(self.engine.abort_requests([req_id])))
 
+    def release_kv(self, req_id: str) -> None:
+        """Queue `engine.release_kv(req_id)` (the request, if still running, finishes normally)."""
+        self._submit(lambda: self.engine.release_kv(req_id))
+
     def _submit(self, command: Callable[[], None]) -> None:
         if self._error is not None:
             raise EngineDeadError(f"engine thread failed: {self._error!r}")

@@ -103,6 +103,13 @@ class SchedulerConfig:
         metadata=doc("chunk size: most prompt tokens one request computes in a step; default: max_num_batched_tokens"),
     )
     policy: str = field(default="fcfs", metadata=doc("fcfs, or priority (lower value first, then arrival)"))
+    async_scheduling: bool | None = field(
+        default=None,
+        metadata=doc(
+            "schedule and prepare step N+1 while the device runs step N (outputs come one step later); "
+            "default: on with CUDA, off on CPU"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs > 0, "max_num_seqs", f"must be > 0, got {self.max_num_seqs}")

@@ -1,8 +1,9 @@
 """CUDA graphs for decode batches: captured once per bucketed batch size, replayed with padding.
 
 A decode step of a small model is hundreds of short kernels; replaying them from a graph removes the
-per-kernel launch and the per-op Python cost. Inputs live in static buffers that each replay refills;
-padding rows write their K/V nowhere (slot -1) and attend over one token, so they cost almost nothing.
+per-kernel launch and the per-op Python cost. The graphs read the input batch's persistent device buffers,
+which each step refills (`InputBatch.prepare` with the graph's batch size); padding rows write their K/V
+nowhere (slot -1) and attend over one token, so they cost almost nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from engine.attention.backend import AttentionMetadata
+from engine.input_batch import StepBuffers
 from engine.models.llama import LlamaForCausalLM
 
 
@@ -28,23 +30,15 @@ class CudaGraphRunner:
         self,
         model: LlamaForCausalLM,
         kv_caches: list[torch.Tensor],
+        buffers: StepBuffers,
         max_num_seqs: int,
         max_model_len: int,
-        block_size: int,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
+        self.buffers = buffers
         self.max_model_len = max_model_len
         self.sizes = capture_sizes(max_num_seqs)
-        max_bs = self.sizes[-1]
-        device = next(model.parameters()).device
-        max_blocks = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
-        self.block_table = torch.zeros((max_bs, max_blocks), dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -52,12 +46,17 @@ class CudaGraphRunner:
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
+    def batch_size_for(self, num_reqs: int) -> int:
+        """The smallest captured batch size holding `num_reqs` rows."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_reqs)]
+
     def _metadata(self, bs: int) -> AttentionMetadata:
+        b = self.buffers
         return AttentionMetadata(
-            query_start_loc=self.query_start_loc[: bs + 1],
-            seq_lens=self.seq_lens[:bs],
-            block_table=self.block_table[:bs],
-            slot_mapping=self.slot_mapping[:bs],
+            query_start_loc=b.query_start_loc[: bs + 1],
+            seq_lens=b.seq_lens[:bs],
+            block_table=b.block_table[:bs],
+            slot_mapping=b.slot_mapping[:bs],
             max_query_len=1,
             # NOTE: a bound, not the batch's value: the captured kernels must serve any context length.
             max_seq_len=self.max_model_len,
@@ -66,10 +65,20 @@ class CudaGraphRunner:
         )
 
     def _forward(self, bs: int) -> torch.Tensor:
-        return self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, self._metadata(bs))
+        b = self.buffers
+        return self.model(b.input_ids[:bs], b.positions[:bs], self.kv_caches, self._metadata(bs))
 
     @torch.inference_mode()
     def capture(self, show_progress: bool = True) -> None:
+        b = self.buffers
+        max_bs = self.max_batch_size
+        # NOTE: captured on padding rows (one token of block 0, K/V written nowhere): the capture touches no KV.
+        b.input_ids[:max_bs].zero_()
+        b.positions[:max_bs].zero_()
+        b.slot_mapping[:max_bs].fill_(-1)
+        b.seq_lens[:max_bs].fill_(1)
+        b.block_table[:max_bs].zero_()
+        b.query_start_loc[: max_bs + 1].copy_(torch.arange(max_bs + 1, dtype=torch.int32))
         pool = None
         for bs in tqdm(
             list(reversed(self.sizes)), desc="capturing CUDA graphs", unit="graph", disable=not show_progress
@@ -82,27 +91,7 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
         torch.cuda.synchronize()
 
-    def run(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        slot_mapping: list[int],
-        seq_lens: list[int],
-        block_table: list[list[int]],
-    ) -> torch.Tensor:
-        """Hidden states [n, hidden] of a decode batch of n <= max_batch_size requests."""
-        n = len(input_ids)
-        bs = self.sizes[bisect.bisect_left(self.sizes, n)]
-        width = max(len(row) for row in block_table)
-        host = torch.tensor([input_ids, positions, slot_mapping, seq_lens], dtype=torch.int64)
-        self.input_ids[:n].copy_(host[0], non_blocking=True)
-        self.positions[:n].copy_(host[1], non_blocking=True)
-        self.slot_mapping[:n].copy_(host[2], non_blocking=True)
-        self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(host[3], non_blocking=True)
-        self.seq_lens[n:bs].fill_(1)
-        table = torch.tensor([row + [0] * (width - len(row)) for row in block_table], dtype=torch.int32)
-        self.block_table[:n, :width].copy_(table, non_blocking=True)
-        self.block_table[n:bs].zero_()
+    def replay(self, bs: int) -> torch.Tensor:
+        """Hidden states [bs, hidden] of the batch the input buffers hold (padded to a captured size `bs`)."""
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        return self.outputs[bs]

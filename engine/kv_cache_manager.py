@@ -50,6 +50,8 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
         self.stats = PrefixCacheStats()
         self._req_blocks: dict[str, list[KVBlock]] = {}
+        # NOTE: the ids of _req_blocks kept alongside: the scheduler reads every running request's table each step.
+        self._req_block_ids: dict[str, list[int]] = {}
         # NOTE: a request's block hashes only ever grow with its tokens; dropped on free.
         self._req_block_hashes: dict[str, list[BlockHash]] = {}
         self._num_cached_blocks: dict[str, int] = {}
@@ -66,7 +68,7 @@ class KVCacheManager:
 
     def get_block_ids(self, req_id: str) -> list[int]:
         """The request's block table (empty for an unknown request)."""
-        return [block.block_id for block in self._req_blocks.get(req_id, ())]
+        return list(self._req_block_ids.get(req_id, ()))
 
     def get_computed_blocks(self, req_id: str, token_ids: Sequence[int]) -> tuple[list[KVBlock], int]:
         """Longest verified cached prefix of full blocks, and its length in tokens.
@@ -103,6 +105,8 @@ class KVCacheManager:
             raise ValueError(f"request {req_id!r} already holds blocks; computed_blocks must be empty")
         num_held = len(held) if held is not None else len(computed_blocks)
         num_new = max(-(-num_tokens // self.block_size) - num_held, 0)
+        if num_new == 0 and held is not None:
+            return []
         # NOTE: touching a cached free block takes it out of the free queue, so it costs budget too.
         num_revived = sum(1 for block in computed_blocks if block.ref_cnt == 0)
         if num_new + num_revived > self.block_pool.num_free_blocks:
@@ -113,17 +117,22 @@ class KVCacheManager:
             self.stats.hits += hits
             self.block_pool.touch(computed_blocks)
             held = self._req_blocks[req_id] = list(computed_blocks)
+            self._req_block_ids[req_id] = [block.block_id for block in computed_blocks]
             self._num_cached_blocks[req_id] = len(computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new)
         held.extend(new_blocks)
-        return [block.block_id for block in new_blocks]
+        new_ids = [block.block_id for block in new_blocks]
+        self._req_block_ids[req_id].extend(new_ids)
+        return new_ids
 
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Cache the request's blocks that are full and fully computed, in order, each once."""
         if not self.enable_prefix_caching:
             return
-        blocks = self._req_blocks[req_id]
         num_cached = self._num_cached_blocks[req_id]
+        if num_computed_tokens // self.block_size <= num_cached:
+            return  # the common case, checked first: called for every running request every step
+        blocks = self._req_blocks[req_id]
         num_full = min(num_computed_tokens // self.block_size, len(token_ids) // self.block_size, len(blocks))
         if num_full <= num_cached:
             return
@@ -141,6 +150,7 @@ class KVCacheManager:
     def free(self, req_id: str) -> None:
         """Release the request's blocks, tail first, so a cached prefix is evicted from its tail first."""
         blocks = self._req_blocks.pop(req_id, None)
+        self._req_block_ids.pop(req_id, None)
         self._req_block_hashes.pop(req_id, None)
         self._pending_lookups.pop(req_id, None)
         self._num_cached_blocks.pop(req_id, None)

@@ -12,11 +12,12 @@ from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.model_store import resolve_model
+from engine.pending_output import PendingOutput
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler_output import EngineOutput
+from engine.scheduler_output import EngineOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class LLMEngine:
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.runner.max_model_len)
+        configured = config.scheduler.async_scheduling
+        self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
+        self._pending: tuple[SchedulerOutput, PendingOutput] | None = None
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""
@@ -106,7 +110,8 @@ class LLMEngine:
         )
 
     def release_kv(self, req_id: str) -> None:
-        """Free the blocks a finished prefill request held or a decode reservation took."""
+        """Free the blocks a finished prefill request held or a decode reservation took (a running request's once it
+        finishes)."""
         self.scheduler.release_kv(req_id)
 
     def kv_progress(self, req_id: str) -> tuple[list[int], int] | None:
@@ -117,9 +122,32 @@ class LLMEngine:
         return self.scheduler.abort_requests(req_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._pending is not None
 
     def step(self) -> list[EngineOutput]:
+        """Schedule and run one step. With async scheduling the outputs returned are the previous step's: this
+        step is enqueued on the device first, then the host waits for the previous one's tokens."""
+        if not self.async_scheduling:
+            scheduler_output = self.scheduler.schedule()
+            return self.scheduler.update_from_output(scheduler_output, self.runner.execute(scheduler_output).result())
+        outputs: list[EngineOutput] = []
+        if self._pending is not None and self._needs_output_history():
+            outputs = self._apply_pending()
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        pending = self.runner.execute(scheduler_output)
+        if self._pending is not None:
+            outputs += self._apply_pending()
+        if scheduler_output.scheduled:
+            self._pending = (scheduler_output, pending)
+        else:
+            outputs += self.scheduler.update_from_output(scheduler_output, pending.result())
+        return outputs
+
+    def _apply_pending(self) -> list[EngineOutput]:
+        assert self._pending is not None
+        (scheduler_output, pending), self._pending = self._pending, None
+        return self.scheduler.update_from_output(scheduler_output, pending.result())
+
+    def _needs_output_history(self) -> bool:
+        """Penalties read every output token: such a batch waits for the step in flight before it is scheduled."""
+        return any(r.sampling_params.has_penalty for r in self.scheduler.running)

@@ -1,26 +1,28 @@
-"""Runs one scheduled step on the model: builds the flat batch, runs the forward pass, samples.
+"""Runs one scheduled step on the model: builds the step's inputs, runs the forward pass, samples.
 
-The runner owns the device state (weights, KV pool, per-request generators) and never touches queues.
+The runner owns the device state (weights, KV pool, input buffers, per-request generators) and never touches
+queues. `execute` only enqueues device work: the sampled tokens come back through `PendingOutput.result()`, so the
+host can schedule and prepare the next step while the device runs this one (async scheduling).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.backend import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
 from engine.cuda_graph import CudaGraphRunner
+from engine.input_batch import InputBatch, ModelInput, PreviousSample
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, load_model
+from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
-from engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -51,27 +53,6 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
     return _DTYPES[arch.torch_dtype] if arch.torch_dtype in ("float16", "bfloat16") else torch.bfloat16
 
 
-@dataclass(slots=True)
-class FlatBatch:
-    """A step's requests laid end to end, as host lists."""
-
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slot_mapping: list[int] = field(default_factory=list)
-    query_start_loc: list[int] = field(default_factory=lambda: [0])
-    seq_lens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
-    logits_indices: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class ModelInput:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    metadata: AttentionMetadata
-    logits_indices: list[int]
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: Path) -> None:
         self.device = resolve_device(config.model.device)
@@ -92,12 +73,21 @@ class ModelRunner:
         )
         self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
         self.max_model_len = self._max_model_len(config.model.max_model_len)
+        sched = config.scheduler
+        self.input_batch = InputBatch(
+            self.block_size,
+            sched.max_num_seqs,
+            max(sched.max_num_batched_tokens, sched.max_num_seqs),
+            self.max_model_len,
+            self.device,
+        )
         self.cuda_graphs: CudaGraphRunner | None = None
         if self.device.type == "cuda" and not config.model.enforce_eager:
             self.cuda_graphs = CudaGraphRunner(
-                self.model, self.kv_caches, config.scheduler.max_num_seqs, self.max_model_len, self.block_size
+                self.model, self.kv_caches, self.input_batch.device_buffers, sched.max_num_seqs, self.max_model_len
             )
             self.cuda_graphs.capture()
+        self._previous: PreviousSample | None = None
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self._seed_rng = random.Random(config.model.seed)
@@ -145,84 +135,51 @@ class ModelRunner:
             raise MemoryError(f"no memory left for the KV pool (budget {budget} bytes, one block {block_nbytes})")
         return budget // block_nbytes
 
-    def _flatten(self, scheduler_output: SchedulerOutput) -> FlatBatch:
-        flat = FlatBatch()
-        bs = self.block_size
-        for req in scheduler_output.scheduled:
-            start, end = req.num_computed_tokens, req.num_computed_tokens + len(req.token_ids)
-            flat.input_ids.extend(req.token_ids)
-            flat.positions.extend(range(start, end))
-            flat.slot_mapping.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            flat.query_start_loc.append(len(flat.input_ids))
-            flat.seq_lens.append(end)
-            flat.block_tables.append(req.block_ids)
-            if req.sample:
-                flat.logits_indices.append(len(flat.input_ids) - 1)
-        return flat
+    def _graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
+        """The captured size a pure decode batch replays at; None for a step that runs eagerly."""
+        graphs = self.cuda_graphs
+        scheduled = scheduler_output.scheduled
+        if graphs is None or len(scheduled) > graphs.max_batch_size or any(len(r.token_ids) != 1 for r in scheduled):
+            return None
+        return graphs.batch_size_for(len(scheduled))
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInput:
-        flat = self._flatten(scheduler_output)
-        max_blocks = max(len(row) for row in flat.block_tables)
-        block_table = [row + [0] * (max_blocks - len(row)) for row in flat.block_tables]
-        qsl = flat.query_start_loc
-        metadata = AttentionMetadata(
-            query_start_loc=self._tensor(qsl, torch.int32),
-            seq_lens=self._tensor(flat.seq_lens, torch.int32),
-            block_table=self._tensor(block_table, torch.int32),
-            slot_mapping=self._tensor(flat.slot_mapping, torch.int64),
-            max_query_len=max(b - a for a, b in itertools.pairwise(qsl)),
-            max_seq_len=max(flat.seq_lens),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=flat.seq_lens,
-        )
-        return ModelInput(
-            self._tensor(flat.input_ids, torch.int64),
-            self._tensor(flat.positions, torch.int64),
-            metadata,
-            flat.logits_indices,
-        )
-
-    def _forward(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
-        """Hidden states of the step's tokens (a CUDA graph replay for decode batches), and rows to sample."""
-        graphs = self.cuda_graphs
-        num_reqs = len(scheduler_output.scheduled)
-        if (
-            graphs is not None
-            and num_reqs <= graphs.max_batch_size
-            and all(len(r.token_ids) == 1 for r in scheduler_output.scheduled)
-        ):
-            flat = self._flatten(scheduler_output)
-            hidden = graphs.run(flat.input_ids, flat.positions, flat.slot_mapping, flat.seq_lens, flat.block_tables)
-            return hidden, flat.logits_indices
-        inputs = self.prepare_inputs(scheduler_output)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
-        return hidden, inputs.logits_indices
-
-    def _tensor(self, data: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype, device=self.device)
+        """The step's device inputs (the eager layout; `execute` also prepares graph replays)."""
+        return self.input_batch.prepare(scheduler_output, None, self._previous)
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+    def execute(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Enqueue the step on the device; the sampled tokens arrive through the returned PendingOutput."""
         for req_id in scheduler_output.finished_req_ids:
             self.generators.pop(req_id, None)
+        self.input_batch.drop(scheduler_output.finished_req_ids)
         if not scheduler_output.scheduled:
-            return RunnerOutput()
-        hidden, logits_indices = self._forward(scheduler_output)
+            self._previous = None
+            return NO_OUTPUT
+        graph_bs = self._graph_batch_size(scheduler_output)
+        inputs = self.input_batch.prepare(scheduler_output, graph_bs, self._previous)
+        if graph_bs is not None:
+            assert self.cuda_graphs is not None
+            hidden = self.cuda_graphs.replay(graph_bs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
         if not sampling:
-            return RunnerOutput()
-        logits = self.model.compute_logits(hidden[logits_indices])
+            self._previous = None
+            return NO_OUTPUT
+        # NOTE: a pure decode batch samples every row in order: no gather needed.
+        rows = hidden[: len(sampling)] if graph_bs is not None else hidden.index_select(0, inputs.logits_indices)
+        logits = self.model.compute_logits(rows)
         batch = SamplingBatch(
             params=[r.sampling_params for r in sampling],
             generators=[None if r.sampling_params.greedy else self._generator(r, logits.shape[1]) for r in sampling],
             prompt_token_ids=[r.prompt_token_ids for r in sampling],
             output_token_ids=[r.output_token_ids for r in sampling],
         )
-        out = self.sampler(logits, batch)
+        sampled = self.sampler(logits, batch)
         req_ids = [r.req_id for r in sampling]
-        return RunnerOutput(
-            dict(zip(req_ids, out.sampled_token_ids, strict=True)), dict(zip(req_ids, out.logprobs, strict=True))
-        )
+        self._previous = PreviousSample(sampled.token_ids, {req_id: row for row, req_id in enumerate(req_ids)})
+        return PendingOutput(req_ids, sampled)
 
     def _generator(self, req: ScheduledRequest, vocab_size: int) -> torch.Generator:
         """The request's own RNG stream: its samples do not depend on what else is in the batch.

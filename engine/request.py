@@ -47,6 +47,8 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # NOTE: tokens sampled by steps still running on the device (async scheduling); their ids are not known yet.
+        self.num_placeholders = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
@@ -57,6 +59,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return len(self.all_token_ids) + self.num_placeholders
+
+    def can_grow(self, max_model_len: int) -> bool:
+        """False once the tokens in flight already bring it to max_tokens or max_model_len."""
+        num_outputs = len(self.output_token_ids) + self.num_placeholders
+        return num_outputs < self.sampling_params.max_tokens and self.num_tokens_with_placeholders < max_model_len
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -8,6 +8,7 @@ tokens alone or in any batch, at any position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -34,10 +35,18 @@ class SamplingBatch:
 
 @dataclass(slots=True, frozen=True)
 class SamplerOutput:
-    """Sampled ids, and the raw-distribution log-prob of each where the request asked for it."""
+    """Sampled ids [rows] int64 and, when some row asked for them, the raw-distribution log-prob of each row's token
+    [rows] float32 (NaN in rows that did not ask); both stay on the logits' device until `to_lists`."""
 
-    sampled_token_ids: list[int]
-    logprobs: list[float | None]
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor | None
+
+    def to_lists(self) -> tuple[list[int], list[float | None]]:
+        """Host copies (a device sync); rows without log-probs get None."""
+        token_ids = self.token_ids.tolist()
+        if self.logprobs is None:
+            return token_ids, [None] * len(token_ids)
+        return token_ids, [None if math.isnan(v) else v for v in self.logprobs.tolist()]
 
 
 def apply_penalties(
@@ -104,32 +113,30 @@ def apply_top_k_top_p_min_p(
     return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)
 
 
-def _has_penalty(params: SamplingParams) -> bool:
-    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-
-
 class Sampler:
     """Stateless: picks one token per row of logits following that row's SamplingParams."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """Never waits for the device: the output stays there."""
+        params = batch.params
+        if all(p.greedy and not p.logprobs and not p.has_penalty for p in params):
+            # NOTE: the argmax of 16-bit logits equals that of their exact float32 upcast.
+            return SamplerOutput(logits.argmax(dim=1), None)
         raw_logits = logits.float()
         penalized = self._penalize(raw_logits, batch)
-        token_ids = torch.empty(len(batch.params), dtype=torch.int64, device=logits.device)
-        greedy_rows = [row for row, params in enumerate(batch.params) if params.greedy]
-        sampled_rows = [row for row, params in enumerate(batch.params) if not params.greedy]
+        token_ids = torch.empty(len(params), dtype=torch.int64, device=logits.device)
+        greedy_rows = [row for row, p in enumerate(params) if p.greedy]
+        sampled_rows = [row for row, p in enumerate(params) if not p.greedy]
         if greedy_rows:
             token_ids[greedy_rows] = penalized[greedy_rows].argmax(dim=1)
         if sampled_rows:
             token_ids[sampled_rows] = self._sample(penalized[sampled_rows], batch, sampled_rows)
-        return SamplerOutput(
-            sampled_token_ids=token_ids.tolist(),
-            logprobs=self._logprobs(raw_logits, token_ids, batch),
-        )
+        return SamplerOutput(token_ids, self._logprobs(raw_logits, token_ids, batch))
 
     @staticmethod
     def _penalize(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         params = batch.params
-        if not any(_has_penalty(p) for p in params):
+        if not any(p.has_penalty for p in params):
             return logits
 
         def column(values: list[float]) -> torch.Tensor:
@@ -139,7 +146,7 @@ class Sampler:
         prompt_ids = [
             ids if p.repetition_penalty != 1.0 else () for p, ids in zip(params, batch.prompt_token_ids, strict=True)
         ]
-        output_ids = [ids if _has_penalty(p) else () for p, ids in zip(params, batch.output_token_ids, strict=True)]
+        output_ids = [ids if p.has_penalty else () for p, ids in zip(params, batch.output_token_ids, strict=True)]
         return apply_penalties(
             logits,
             prompt_ids,
@@ -176,13 +183,11 @@ class Sampler:
         return (probs / race).argmax(dim=1)
 
     @staticmethod
-    def _logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> list[float | None]:
-        logprobs: list[float | None] = [None] * len(batch.params)
+    def _logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
         rows = [row for row, params in enumerate(batch.params) if params.logprobs]
         if not rows:
-            return logprobs
+            return None
+        logprobs = torch.full((len(batch.params),), float("nan"), dtype=torch.float32, device=raw_logits.device)
         row_logprobs = raw_logits[rows].log_softmax(dim=1)
-        values = row_logprobs.gather(1, token_ids[rows].unsqueeze(1)).squeeze(1).tolist()
-        for row, value in zip(rows, values, strict=True):
-            logprobs[row] = value
+        logprobs[rows] = row_logprobs.gather(1, token_ids[rows].unsqueeze(1)).squeeze(1)
         return logprobs

@@ -4,10 +4,17 @@ Each step, running requests go first (decodes and unfinished prompt chunks, in a
 waiting ones are admitted while the token budget, `max_num_seqs` and free KV blocks allow. When a running
 request cannot get a block, the lowest-priority running request (the newest under fcfs) is preempted: its
 blocks are freed and it rejoins the front of the queue to be recomputed, mostly from the prefix cache.
+
+Async scheduling: step N+1 may be scheduled before step N's sampled tokens are known. Each sampled token counts
+as a placeholder until `update_from_output` delivers it; a request whose last token is a placeholder is scheduled
+with PLACEHOLDER_TOKEN_ID in its place, and one whose tokens in flight already reach its length limit is not
+scheduled again. Stop tokens are seen one step late: the extra step's output is dropped. `update_from_output`
+works on the very request objects its step scheduled, so an aborted request's id may be reused at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 
@@ -15,7 +22,13 @@ from engine.block_pool import KVBlock
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler_output import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import (
+    PLACEHOLDER_TOKEN_ID,
+    EngineOutput,
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +45,9 @@ class Scheduler:
         self._finished_req_ids: set[str] = set()
         # Finished requests whose blocks stay allocated until `release_kv`: req_id -> num computed tokens.
         self.held_kv: dict[str, int] = {}
+        # The requests each scheduled step computes, by step id, until its output is applied.
+        self._in_flight: dict[int, list[Request]] = {}
+        self._step_ids = itertools.count(1)
 
     def add_request(self, request: Request) -> None:
         self.requests[request.req_id] = request
@@ -57,10 +73,14 @@ class Scheduler:
         return outputs
 
     def release_kv(self, req_id: str) -> None:
-        """Free the blocks of a held (shipped) or reserved request; unknown ids are ignored."""
+        """Free the blocks of a held (shipped) or reserved request; unknown ids are ignored. A request still running
+        (its last token in flight under async scheduling) drops its hold: its blocks are freed when it finishes."""
         self.held_kv.pop(req_id, None)
-        if req_id not in self.requests:
+        request = self.requests.get(req_id)
+        if request is None:
             self.kv.free(req_id)
+        else:
+            request.hold_kv = False
 
     def kv_progress(self, req_id: str) -> tuple[list[int], int] | None:
         """(block ids, tokens with KV computed) of a running or held request."""
@@ -85,20 +105,29 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
+        requests: list[Request] = []
         num_preemptions = self.num_preemptions
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, self.config.chunk_size, budget)
+            num_new = min(
+                request.num_tokens_with_placeholders - request.num_computed_tokens, self.config.chunk_size, budget
+            )
+            if num_new <= 0 or (request.num_placeholders and not request.can_grow(self.max_model_len)):
+                index += 1
+                continue
             if not self._allocate_or_preempt(request, index, num_new):
                 break
-            scheduled.append(self._schedule(request, num_new))
+            scheduled.append(self._schedule(request, num_new, new_admission=False))
+            requests.append(request)
             budget -= num_new
             index += 1
         if self.num_preemptions == num_preemptions:
-            self._admit_waiting(budget, scheduled)
+            self._admit_waiting(budget, scheduled, requests)
         finished, self._finished_req_ids = frozenset(self._finished_req_ids), set()
-        return SchedulerOutput(scheduled, finished)
+        step_id = next(self._step_ids)
+        self._in_flight[step_id] = requests
+        return SchedulerOutput(scheduled, finished, step_id)
 
     def _allocate_or_preempt(self, request: Request, index: int, num_new: int) -> bool:
         """Blocks for `num_new` more tokens of running[index], preempting later requests if needed."""
@@ -124,9 +153,11 @@ class Scheduler:
             self.num_preemptions,
         )
 
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], requests: list[Request]) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_placeholders:
+                break  # preempted while its last token was in flight: it waits for that token
             computed_blocks: list[KVBlock]
             if request.num_computed_tokens:
                 # Prefilled elsewhere: its prompt KV already sits in blocks it holds.
@@ -142,38 +173,56 @@ class Scheduler:
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_computed
             self.running.append(request)
-            scheduled.append(self._schedule(request, num_new))
+            scheduled.append(self._schedule(request, num_new, new_admission=True))
+            requests.append(request)
             budget -= num_new
 
-    def _schedule(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _schedule(self, request: Request, num_new: int, new_admission: bool) -> ScheduledRequest:
         start = request.num_computed_tokens
-        request.num_computed_tokens += num_new
+        end = start + num_new
+        token_ids = request.all_token_ids[start:end]
+        if end > request.num_tokens:
+            # NOTE: at schedule time at most one token is in flight: the previous step's output is applied by now.
+            assert end == request.num_tokens + 1 == request.num_tokens_with_placeholders, "two tokens in flight"
+            token_ids.append(PLACEHOLDER_TOKEN_ID)
+        request.num_computed_tokens = end
+        sample = end == request.num_tokens_with_placeholders
+        if sample:
+            request.num_placeholders += 1
         return ScheduledRequest(
             req_id=request.req_id,
-            token_ids=request.all_token_ids[start : start + num_new],
+            token_ids=token_ids,
             num_computed_tokens=start,
             block_ids=self.kv.get_block_ids(request.req_id),
             sampling_params=request.sampling_params,
-            sample=request.num_computed_tokens == request.num_tokens,
+            sample=sample,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
+            new_admission=new_admission,
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        """Apply a step's sampled tokens to the requests it computed (aborted or finished ones are skipped)."""
         outputs = []
-        for scheduled in scheduler_output.scheduled:
-            request = self.requests.get(scheduled.req_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue
-            self.kv.cache_blocks(request.req_id, request.all_token_ids, request.num_computed_tokens)
-            token_id = runner_output.sampled_token_ids.get(request.req_id)
+        requests = self._in_flight.pop(scheduler_output.step_id)
+        sampled_token_ids = runner_output.sampled_token_ids
+        for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):
+            status = request.status
+            if status is RequestStatus.RUNNING:
+                self.kv.cache_blocks(request.req_id, request.all_token_ids, request.num_computed_tokens)
+            elif status is not RequestStatus.PREEMPTED:
+                continue  # finished or aborted while in flight
+            if scheduled.sample:
+                request.num_placeholders -= 1
+            token_id = sampled_token_ids.get(request.req_id)
             if token_id is None:
                 continue
             request.append_output_token(token_id)
-            status = request.check_stop(self.max_model_len)
-            if status is not None:
-                self.running.remove(request)
-                self._finish(request, status)
+            stopped = request.check_stop(self.max_model_len)
+            if stopped is not None:
+                # NOTE: a request preempted while this token was in flight finishes from the waiting queue.
+                (self.running if status is RequestStatus.RUNNING else self.waiting).remove(request)
+                self._finish(request, stopped)
             outputs.append(_output(request, [token_id], [runner_output.logprobs.get(request.req_id)]))
         return outputs
 

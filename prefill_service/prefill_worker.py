@@ -318,7 +318,9 @@ class PrefillWorker:
         if state is TransferState.DONE:
             stats = self._sender.stats(transfer_id)
             self._metrics.observe_kv_transfer(self._backend, stats.num_bytes, stats.duration_s)
-            self._end_transfer(transfer_id, None)
+            # NOTE: released, not aborted: under async scheduling the last chunk can be acked while the first token
+            # is still in flight; the request finishes with it, then its blocks are freed.
+            self._end_transfer(transfer_id, None, self._async_engine.release_kv)
             return
         error = self._transfer_error(transfer_id, state)
         if state is TransferState.EXPIRED:
@@ -337,15 +339,17 @@ class PrefillWorker:
         logger.warning("KV transfer %s of request %r failed: %s", req_id, self._request_ids.get(req_id, ""), error)
         self._end_transfer(req_id, error)
 
-    def _end_transfer(self, req_id: str, error: TransferError | None) -> None:
-        """Any thread: end the call's wait and free the request's blocks.
+    def _end_transfer(
+        self, req_id: str, error: TransferError | None, free: Callable[[str], None] | None = None
+    ) -> None:
+        """Any thread: end the call's wait and free the request's blocks with `free` (default: abort).
 
         NOTE: abort_requests releases the held blocks of a finished request, and aborts a running one (its stream
-        then ends with finish_reason "abort"), so one command covers every moment a transfer can end.
+        then ends with finish_reason "abort"), so one command covers every moment a failed transfer can end.
         """
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._resolve, req_id, error)
-        self._async_engine.abort(req_id)
+        (free or self._async_engine.abort)(req_id)
 
     def _resolve(self, req_id: str, error: TransferError | None) -> None:
         ended = self._transfer_ends.get(req_id)

@@ -24,6 +24,12 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("chunk-1-block", {"long_prefill_token_threshold": 16}),
     ("chunk-3-blocks", {"long_prefill_token_threshold": 48, "enable_prefix_caching": False}),
     ("preemption", {"num_blocks": 40, "max_model_len": 400, "long_prefill_token_threshold": 64}),
+    # Async scheduling (the GPU default): step N+1 scheduled before step N's tokens are known.
+    ("async-chunk-1-block", {"long_prefill_token_threshold": 16, "async_scheduling": True}),
+    (
+        "async-preemption",
+        {"num_blocks": 40, "max_model_len": 400, "long_prefill_token_threshold": 64, "async_scheduling": True},
+    ),
 ]
 
 
@@ -49,7 +55,7 @@ def test_tiny_models_match_transformers(
     path, prompts, expected = tiny_model
     engine = LLMEngine(engine_config(str(path), **{"num_blocks": 4096, **kwargs}))
     assert_identical(run_engine(engine, prompts), expected)
-    if name == "preemption":
+    if name.endswith("preemption"):
         assert engine.scheduler.num_preemptions > 0
     if engine.config.cache.enable_prefix_caching:
         # A second pass over the same prompts is served from the prefix cache, with the same tokens.

@@ -101,17 +101,17 @@ def test_greedy_is_argmax_and_ignores_filters() -> None:
         SamplingParams(temperature=0.0, top_k=1, min_p=0.5),
         SamplingParams(temperature=0.0, top_p=0.1),
     ]
-    out = Sampler()(logits, make_batch(params))
-    assert out.sampled_token_ids == [1, 0, 1]
-    assert out.logprobs == [None, None, None]
+    out = Sampler()(logits, make_batch(params)).to_lists()
+    assert out[0] == [1, 0, 1]
+    assert out[1] == [None, None, None]
 
 
 def test_greedy_accepts_half_precision_logits() -> None:
     logits = torch.tensor([[0.5, 3.0, 1.0]], dtype=torch.bfloat16)
-    out = Sampler()(logits, make_batch([SamplingParams(temperature=0.0, logprobs=True)]))
-    assert out.sampled_token_ids == [1]
+    out = Sampler()(logits, make_batch([SamplingParams(temperature=0.0, logprobs=True)])).to_lists()
+    assert out[0] == [1]
     expected = torch.log_softmax(logits.float(), dim=1)[0, 1].item()
-    assert out.logprobs == [expected]
+    assert out[1] == [expected]
 
 
 def draw_sequence(
@@ -132,7 +132,7 @@ def draw_sequence(
         generators: list[torch.Generator | None] = list(other_generators)
         generators.insert(position, target)
         batch = SamplingBatch(all_params, generators, [[] for _ in all_params], [[] for _ in all_params])
-        tokens.append(sampler(torch.stack(rows), batch).sampled_token_ids[position])
+        tokens.append(sampler(torch.stack(rows), batch).to_lists()[0][position])
     return tokens
 
 
@@ -176,7 +176,7 @@ def test_empirical_frequencies(params: SamplingParams, expected: list[float]) ->
     batch = SamplingBatch(
         [params] * num_draws, [generator] * num_draws, [[] for _ in range(num_draws)], [[] for _ in range(num_draws)]
     )
-    counts = Counter(Sampler()(logits, batch).sampled_token_ids)
+    counts = Counter(Sampler()(logits, batch).to_lists()[0])
     for token_id, probability in enumerate(expected):
         if probability == 0.0:
             assert counts[token_id] == 0
@@ -210,9 +210,9 @@ def test_sampler_applies_penalties_before_greedy() -> None:
         SamplingParams(temperature=0.0, frequency_penalty=2.0),
         SamplingParams(temperature=0.0, presence_penalty=2.0),
     ]
-    out = Sampler()(logits, make_batch(params, prompts=[[0], [0], [1]], outputs=[[], [0], [0, 0]]))
+    out = Sampler()(logits, make_batch(params, prompts=[[0], [0], [1]], outputs=[[], [0], [0, 0]])).to_lists()
     # 3/2 < 2; 3 - 2 < 2; 3 - 2 = 1 < 2 (presence counts once).
-    assert out.sampled_token_ids == [1, 1, 1]
+    assert out[0] == [1, 1, 1]
 
 
 def test_logprobs_are_raw_log_softmax_at_sampled_ids() -> None:
@@ -224,19 +224,19 @@ def test_logprobs_are_raw_log_softmax_at_sampled_ids() -> None:
         SamplingParams(temperature=1.2, top_p=0.5, logprobs=True, frequency_penalty=1.0),
     ]
     batch = make_batch(params, seeds=[None, 11, 12, 13], prompts=[[1, 2]] * 4, outputs=[[3]] * 4)
-    out = Sampler()(logits, batch)
+    out = Sampler()(logits, batch).to_lists()
     raw = torch.log_softmax(logits, dim=1)
-    assert out.logprobs[2] is None
+    assert out[1][2] is None
     for row in (0, 1, 3):
-        assert out.logprobs[row] == raw[row, out.sampled_token_ids[row]].item()
-    assert math.isfinite(raw[1, out.sampled_token_ids[1]].item())
+        assert out[1][row] == raw[row, out[0][row]].item()
+    assert math.isfinite(raw[1, out[0][1]].item())
 
 
 def test_top_k_one_sampling_equals_greedy() -> None:
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(9))
     params = [SamplingParams(temperature=1.5, top_k=1, seed=i) for i in range(5)]
-    out = Sampler()(logits, make_batch(params, seeds=list(range(5))))
-    assert out.sampled_token_ids == logits.argmax(dim=1).tolist()
+    out = Sampler()(logits, make_batch(params, seeds=list(range(5)))).to_lists()
+    assert out[0] == logits.argmax(dim=1).tolist()
 
 
 @pytest.mark.gpu
@@ -245,9 +245,9 @@ def test_cuda_matches_cpu_greedy_and_is_batch_independent() -> None:
     greedy = [SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5)] * 6
     prompts: list[Sequence[int]] = [list(range(row, row + 20)) for row in range(6)]
     outputs: list[Sequence[int]] = [[row, row + 1] for row in range(6)]
-    on_cpu = Sampler()(logits, make_batch(greedy, prompts=prompts, outputs=outputs))
-    on_cuda = Sampler()(logits.cuda(), make_batch(greedy, prompts=prompts, outputs=outputs))
-    assert on_cuda.sampled_token_ids == on_cpu.sampled_token_ids
+    on_cpu = Sampler()(logits, make_batch(greedy, prompts=prompts, outputs=outputs)).to_lists()
+    on_cuda = Sampler()(logits.cuda(), make_batch(greedy, prompts=prompts, outputs=outputs)).to_lists()
+    assert on_cuda[0] == on_cpu[0]
 
     params = SamplingParams(temperature=0.9, top_k=100, top_p=0.9, min_p=0.01)
     other = SamplingParams(temperature=1.1, top_p=0.7)
@@ -261,7 +261,7 @@ def test_cuda_matches_cpu_greedy_and_is_batch_independent() -> None:
         batch = SamplingBatch([other] * num_others + [params], generators, empty, empty)
         noise = torch.randn(num_others, 1000, generator=torch.Generator().manual_seed(num_others))
         stacked = torch.cat([noise, logits[:1]]).cuda()
-        return [Sampler()(stacked, batch).sampled_token_ids[-1] for _ in range(10)]
+        return [Sampler()(stacked, batch).to_lists()[0][-1] for _ in range(10)]
 
     alone = draw(0)
     assert draw(3) == alone

@@ -7,7 +7,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler_output import EngineOutput, RunnerOutput, SchedulerOutput
+from engine.scheduler_output import PLACEHOLDER_TOKEN_ID, EngineOutput, RunnerOutput, SchedulerOutput
 
 BLOCK = 4
 
@@ -152,3 +152,45 @@ def test_prefilled_request_continues_from_second_token() -> None:
     assert shape(out) == [("d", 9, 1, True)]
     assert out.scheduled[0].token_ids == [42]
     assert outputs[0].new_token_ids == [7]
+
+
+def test_async_steps_schedule_a_placeholder_and_apply_tokens_one_step_late() -> None:
+    s = make_scheduler()
+    s.add_request(request("a", 5, max_tokens=3))
+    first = s.schedule()
+    second = s.schedule()  # scheduled before the first step's token is known
+    assert shape(first) == [("a", 0, 5, True)]
+    assert shape(second) == [("a", 5, 1, True)] and second.scheduled[0].token_ids == [PLACEHOLDER_TOKEN_ID]
+    assert [o.new_token_ids for o in s.update_from_output(first, RunnerOutput({"a": 7}, {"a": None}))] == [[7]]
+    third = s.schedule()
+    assert shape(third) == [("a", 6, 1, True)] and third.scheduled[0].token_ids == [PLACEHOLDER_TOKEN_ID]
+    s.update_from_output(second, RunnerOutput({"a": 8}, {"a": None}))
+    # Tokens 7, 8 and the one in flight reach max_tokens: nothing more is scheduled.
+    idle = s.schedule()
+    assert idle.scheduled == []
+    assert s.update_from_output(idle, RunnerOutput()) == []
+    (last,) = s.update_from_output(third, RunnerOutput({"a": 9}, {"a": None}))
+    assert (last.new_token_ids, last.finish_reason) == ([9], "length")
+    assert s.kv.num_free_blocks == 64 and not s.has_unfinished_requests()
+
+
+def test_aborted_request_in_flight_gets_no_output() -> None:
+    s = make_scheduler()
+    s.add_request(request("a", 3, max_tokens=5))
+    first = s.schedule()
+    s.abort_requests(["a"])
+    s.add_request(request("a", 4, max_tokens=5, first=200))  # the id is free again at once
+    assert s.update_from_output(first, RunnerOutput({"a": 7}, {"a": None})) == []
+    out, outputs = step(s)
+    assert shape(out) == [("a", 0, 4, True)] and [o.new_token_ids for o in outputs] == [[7]]
+
+
+def test_release_of_a_running_held_request_frees_its_blocks_when_it_finishes() -> None:
+    s = make_scheduler()
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    s.add_request(Request("p", list(range(10)), params, hold_kv=True))
+    first = s.schedule()  # the prompt's last step: its token is still in flight
+    s.release_kv("p")  # the transfer was acked meanwhile
+    assert s.kv.num_free_blocks == 64 - 3
+    (out,) = s.update_from_output(first, RunnerOutput({"p": 7}, {"p": None}))
+    assert out.finish_reason == "length" and "p" not in s.held_kv and s.kv.num_free_blocks == 64

@@ -103,3 +103,23 @@ async def test_chunks_in_order_and_keepalives_while_queued(tiny_model: Path) -> 
         assert worker.load().num_free_blocks == 64
     finally:
         await worker.aclose()
+
+
+async def test_transfer_done_before_the_first_token_is_seen(tiny_model: Path) -> None:
+    """Async scheduling: the last chunk ships (and its ack can arrive) while the first token is still in flight."""
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64, async_scheduling=True))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
+    worker.start()
+    try:
+        for index in range(5):
+            target = KVTarget(f"t{index}", "tcp", "127.0.0.1:1", (3, 5, 8), sender.layout, 10.0)
+            events = await _run(worker, [random.Random(index).randrange(512) for _ in range(40)], target)
+            assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
+        for _ in range(100):
+            if worker.load().num_free_blocks == 64:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.load().num_free_blocks == 64
+    finally:
+        await worker.aclose()
