@@ -12,9 +12,8 @@ import argparse
 import dataclasses
 import functools
 import json
-import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from engine.attention.backend import AttentionMetadata
 from engine.attention.triton_backend import TritonAttentionBackend, num_kv_splits
 from engine.attention.triton_decode import DecodeTiles, decode_attention
 from engine.attention.triton_prefill import PrefillTiles, prefill_attention
+from engine.benchmark.cuda_timing import time_graph_ms
 from engine.benchmark.limits import DeviceLimits, measure_limits
 
 DEVICE = "cuda"
@@ -45,30 +45,6 @@ PREFILL_TILE_SWEEP = [
     for shape in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
 ]
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
-
-
-def time_graph(calls: Sequence[Callable[[], object]], replays: int = 20) -> float:
-    """Median ms per call of one CUDA graph that runs every call once (after a warm-up that compiles)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times) / len(calls)
 
 
 def make_step(pool: torch.Tensor, requests: list[tuple[int, int]], gen: torch.Generator) -> Step:
@@ -99,7 +75,7 @@ def make_step(pool: torch.Tensor, requests: list[tuple[int, int]], gen: torch.Ge
 
 
 def forward(backend: TritonAttentionBackend, layer: torch.Tensor, step: Step) -> torch.Tensor:
-    return backend.forward(step[0], step[1], step[2], layer, step[3])
+    return backend.forward(step[0], layer, step[3])
 
 
 def sdpa_ms(batch: int, q_len: int, kv_len: int, variants: int, gen: torch.Generator) -> float | None:
@@ -112,7 +88,7 @@ def sdpa_ms(batch: int, q_len: int, kv_len: int, variants: int, gen: torch.Gener
         calls.append(functools.partial(sdpa, q, k, v))
     try:
         with sdpa_kernel(FAST_SDPA):
-            return time_graph(calls)
+            return time_graph_ms(calls)
     except RuntimeError as error:
         print(f"  sdpa batch={batch} q={q_len} kv={kv_len} failed: {str(error).splitlines()[0]}")
         return None
@@ -127,7 +103,7 @@ def bench_decode(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator)
             kv_bytes = batch * context * KV_BYTES_PER_TOKEN
             variants = max(1, min(64, -(-L2_DEFEAT_BYTES // kv_bytes)))
             steps = [make_step(pool, [(context - 1, 1)] * batch, gen) for _ in range(variants)]
-            ms = time_graph([functools.partial(forward, backend, pool[:, 1], s) for s in steps])
+            ms = time_graph_ms([functools.partial(forward, backend, pool[:, 1], s) for s in steps])
             base = sdpa_ms(batch, 1, context, variants, gen)
             row: dict[str, Any] = {"batch": batch, "context": context}
             row["splits"] = num_kv_splits(batch * HKV, context, num_sms)
@@ -147,7 +123,7 @@ def decode_kernel_ms(pool: torch.Tensor, requests: list[tuple[int, int]], varian
         q, _, _, m = make_step(pool, requests, gen)
         args = (q, pool[:, 1], m.query_start_loc, m.seq_lens, m.block_table, torch.empty_like(q), SCALE, splits)
         calls.append(functools.partial(decode_attention, *args, tiles))
-    return time_graph(calls)
+    return time_graph_ms(calls)
 
 
 def sweep_row(name: str, fn: Callable[[], float], nbytes: int = 0, flops: float = 0) -> dict[str, Any]:
@@ -191,7 +167,7 @@ def bench_prefill(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator
         ("chunk 2048 after 6144 cached", [(6144, 2048)], 0),
     ]
     for name, requests, sdpa_batch in cases:
-        ms = time_graph([functools.partial(forward, backend, pool[:, 1], make_step(pool, requests, gen))])
+        ms = time_graph_ms([functools.partial(forward, backend, pool[:, 1], make_step(pool, requests, gen))])
         flops = sum(causal_flops(c, q) for c, q in requests)
         base = sdpa_ms(sdpa_batch, 2048, 2048, 1, gen) if sdpa_batch else None
         row: dict[str, Any] = {"name": name, "triton_us": ms * 1e3, "triton_tflop_s": flops / ms / 1e9}
@@ -202,7 +178,7 @@ def bench_prefill(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator
     q, _, _, m = make_step(pool, [(0, 2048)], gen)
     for tiles in PREFILL_TILE_SWEEP:
         args = (q, pool[:, 1], m.query_start_loc, m.seq_lens, m.block_table, torch.empty_like(q), SCALE, tiles)
-        fn = functools.partial(time_graph, [functools.partial(prefill_attention, *args)])
+        fn = functools.partial(time_graph_ms, [functools.partial(prefill_attention, *args)])
         rows.append(sweep_row(f"prefill 1x2048 {tiles}", fn, flops=causal_flops(0, 2048)))
     return rows
 

@@ -2,8 +2,9 @@
 
 One step's batch is a flat run of tokens: request i owns query rows
 `query_start_loc[i]:query_start_loc[i+1]`, which are the LAST tokens of its `seq_lens[i]`-token context
-(a prefill chunk, a prefix-cache continuation and a decode token are the same case). The backend writes the
-step's K/V into the paged pool at `slot_mapping`, then attends causally over each request's context.
+(a prefill chunk, a prefix-cache continuation and a decode token are the same case). The step's K/V are already
+in the paged pool (the model's q/k norm + RoPE kernel stores them at `slot_mapping`); the backend attends
+causally over each request's context.
 """
 
 from __future__ import annotations
@@ -33,29 +34,22 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
-    """Stores one layer's new K/V into its pool slice and computes attention for the step."""
+    """Computes one layer's attention for the step over its pool slice."""
 
     def __init__(self, block_size: int, scale: float) -> None:
         self.block_size = block_size
         self.scale = scale
 
     @abstractmethod
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """query [T, Hq, D], key/value [T, Hkv, D]; kv_cache is the layer's pool slice
-        [num_blocks, 2, block_size, Hkv, D]. Returns [T, Hq, D]."""
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """query [T, Hq, D]; kv_cache is the layer's pool slice [num_blocks, 2, block_size, Hkv, D], holding this
+        step's K/V too. Returns [T, Hq, D]."""
 
 
 def store_kv(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
 ) -> None:
-    """Scatter the step's K/V rows into their paged slots."""
+    """Scatter the step's K/V rows into their paged slots (the torch reference of the fused store)."""
     block_ids = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offsets = slot_mapping % block_size
     kv_cache[block_ids, 0, offsets] = key

@@ -5,22 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata, store_kv
+from engine.attention.backend import AttentionBackend, AttentionMetadata
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Gathers each request's context from its block table and runs SDPA on it (one request at a time)."""
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        store_kv(key, value, kv_cache, metadata.slot_mapping, self.block_size)
-        num_q_heads, num_kv_heads = query.shape[1], key.shape[1]
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        num_q_heads, num_kv_heads = query.shape[1], kv_cache.shape[3]
         group = num_q_heads // num_kv_heads
         output = torch.empty_like(query)
         starts = metadata.query_start_loc_cpu

@@ -1,4 +1,4 @@
-"""Paged attention on Triton kernels: a KV store, split-KV decode and varlen prefill, one launch each."""
+"""Paged attention on Triton kernels: split-KV decode and varlen prefill, one launch each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
-from engine.attention.triton_store_kv import store_kv
 
 # NOTE: splitting stops once a partition would hold fewer tokens than this; each split costs a partial write.
 MIN_SPLIT_TOKENS = 256
@@ -18,22 +17,14 @@ PROGRAMS_PER_SM = 2
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """Stores the step's K/V, then runs the decode kernel on requests with one query token and the prefill
+    """Runs the decode kernel on requests with one query token and the prefill
     kernel on the others. Which launches a step needs is read off integers of the metadata (no per-request
     Python work per layer); each kernel skips the requests that the other one owns.
     """
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         if kv_cache.shape[2] != self.block_size:
             raise ValueError(f"kv_cache block size {kv_cache.shape[2]} differs from the backend's {self.block_size}")
-        store_kv(key, value, kv_cache, metadata.slot_mapping)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, output)
         num_reqs, max_query_len = metadata.num_reqs, metadata.max_query_len

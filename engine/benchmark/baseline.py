@@ -10,15 +10,16 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine.benchmark.workloads import Workload
 from engine.models.llama import LlamaForCausalLM
+from engine.models.loader import hf_state_dict
 
 
 def hf_model_with_weights(model_path: str, ours: LlamaForCausalLM) -> Any:
-    """An HF model of the same config holding our model's parameters (names match by design)."""
+    """An HF model of the same config holding a copy of our model's parameters (under the checkpoint's names)."""
     config = AutoConfig.from_pretrained(model_path)
     param = next(ours.parameters())
     with torch.device(param.device):
         hf = AutoModelForCausalLM.from_config(config, dtype=param.dtype)
-    missing, unexpected = hf.load_state_dict(ours.state_dict(), strict=False)
+    missing, unexpected = hf.load_state_dict(hf_state_dict(ours), strict=False)
     if unexpected or [
         m for m in missing if "rotary" not in m and not (m == "lm_head.weight" and config.tie_word_embeddings)
     ]:

@@ -1,84 +1,122 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, Qwen3): GQA, RoPE, RMSNorm, SwiGLU.
 
-Module names mirror the HF checkpoints so weights load by name. Differences between the members:
-Qwen2 has q/k/v biases, Qwen3 normalizes q and k per head, Llama-3 scales RoPE frequencies.
+Module names mirror the HF checkpoints so weights load by name, except the fused projections: q/k/v run as one
+`qkv_proj` GEMM and gate/up as one `gate_up_proj` (the loader maps the checkpoint's tensors onto their rows).
+Differences between the members: Qwen2 has q/k/v biases, Qwen3 normalizes q and k per head, Llama-3 scales RoPE
+frequencies.
+
+Per layer, the elementwise work runs as fused kernels (`LayerKernels`, Triton on CUDA, torch elsewhere): residual
+add + RMSNorm, q/k norm + RoPE + paged K/V store, SiLU-and-mul. The residual stream is carried beside the hidden
+states, so `x + attn(norm(x))` becomes `norm(attn_out + residual)` with the sum kept as the next residual.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
-from engine.layers.attention import Attention
+from engine.layers.kernels import LayerKernels
 from engine.layers.layernorm import RMSNorm
-from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.layers.linear import Linear, StackedLinear
+from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(
-            cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias and cfg.architecture != "Qwen2ForCausalLM"
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = StackedLinear(
+            cfg.hidden_size, ("q_proj", "k_proj", "v_proj"), (q_size, kv_size, kv_size), cfg.attention_bias, kernels
         )
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend)
+        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        self.o_proj = Linear(q_size, cfg.hidden_size, o_bias, kernels)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
+        self.eps = cfg.rms_norm_eps
+        self.kernels = kernels
+        self.backend = backend
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        cos_sin: torch.Tensor,
     ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, metadata))
+        q = self.kernels.qk_norm_rope_store(
+            self.qkv_proj(x),
+            positions,
+            cos_sin,
+            None if self.q_norm is None else self.q_norm.weight,
+            None if self.k_norm is None else self.k_norm.weight,
+            self.eps,
+            kv_cache,
+            metadata.slot_mapping,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        out = self.backend.forward(q, kv_cache, metadata)
+        return self.o_proj(out.view(out.shape[0], self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        size = cfg.intermediate_size
+        self.gate_up_proj = StackedLinear(
+            cfg.hidden_size, ("gate_proj", "up_proj"), (size, size), cfg.mlp_bias, kernels
+        )
+        self.down_proj = Linear(size, cfg.hidden_size, cfg.mlp_bias, kernels)
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, rotary, backend)
-        self.mlp = LlamaMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, kernels, backend)
+        self.mlp = LlamaMLP(cfg, kernels)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        cos_sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output (or the embeddings, with residual None) -> (MLP output, residual)."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(x), x
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(x, residual)
+        attn_out = self.self_attn(positions, hidden, kv_cache, metadata, cos_sin)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(attn_out, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, backend) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.cos_sin: torch.Tensor
+        self.register_buffer(
+            "cos_sin",
+            cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling),
+            persistent=False,
+        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kernels, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
     def forward(
         self,
@@ -88,19 +126,21 @@ class LlamaModel(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, metadata)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, metadata, self.cos_sin)
+        assert residual is not None
+        return self.norm.add_and_norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
     """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`."""
 
-    def __init__(self, cfg: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.model = LlamaModel(cfg, kernels, backend)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, kernels)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,4 +1,8 @@
-"""Builds a native model from an HF folder and loads its safetensors weights by name."""
+"""Builds a native model from an HF folder and loads its safetensors weights by name.
+
+Checkpoint projections that the native model runs as one GEMM (q/k/v, gate/up) land in their rows of the
+`StackedLinear` that holds them; `hf_state_dict` gives the model's weights back under the checkpoint's names.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import torch
 from safetensors import safe_open
 
 from engine.attention.backend import AttentionBackend
+from engine.layers.kernels import layer_kernels
+from engine.layers.linear import StackedLinear
 from engine.models.arch_config import ArchConfig
 from engine.models.llama import LlamaForCausalLM
 
@@ -23,7 +29,7 @@ def build_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, backend)
+            model = LlamaForCausalLM(cfg, layer_kernels(device), backend)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -40,9 +46,25 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
+def _stacked_target(model: LlamaForCausalLM, name: str) -> tuple[str, slice] | None:
+    """(fused parameter name, its rows) of a checkpoint tensor that is one shard of a StackedLinear."""
+    parts = name.rsplit(".", 2)
+    if len(parts) != 3:
+        return None
+    module_path, shard_name, attr = parts
+    try:
+        parent = model.get_submodule(module_path)
+    except AttributeError:
+        return None
+    for child_name, child in parent.named_children():
+        if isinstance(child, StackedLinear) and shard_name in child.shard_names:
+            return f"{module_path}.{child_name}.{attr}", child.shard_rows(shard_name)
+    return None
+
+
 @torch.no_grad()
 def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
-    """Copy every checkpoint tensor into the parameter of the same name; all parameters must be covered."""
+    """Copy every checkpoint tensor into its parameter (or its rows of a stacked one); all must be covered."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in _checkpoint_files(folder):
@@ -52,13 +74,37 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
                 tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
                 if name.endswith(_IGNORED_SUFFIXES) or tied_head:
                     continue
-                if name not in params:
+                target = name if name in params else None
+                rows = slice(None)
+                if target is None and (stacked := _stacked_target(model, name)) is not None:
+                    target, rows = stacked
+                if target is None:
                     raise KeyError(f"{path.name}: unexpected weight {name!r} for {model.config.architecture}")
-                params[name].copy_(f.get_tensor(name))
+                params[target][rows].copy_(f.get_tensor(name))
                 loaded.add(name)
-    missing = set(params) - loaded
+    missing = set(hf_names(model)) - loaded
     if missing:
         raise KeyError(f"checkpoint in {folder} lacks weights: {sorted(missing)[:5]}")
+
+
+def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's parameters under the checkpoint's names (stacked ones split into views of their shards)."""
+    state: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        for attr, param in module.named_parameters(recurse=False):
+            if isinstance(module, StackedLinear):
+                parent = module_name.rsplit(".", 1)[0]
+                state |= {f"{parent}.{shard}.{attr}": rows for shard, rows in module.shards(param).items()}
+            else:
+                state[f"{module_name}.{attr}" if module_name else attr] = param
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def hf_names(model: LlamaForCausalLM) -> list[str]:
+    """Every checkpoint tensor name the model needs."""
+    return list(hf_state_dict(model))
 
 
 def load_model(folder: Path, backend: AttentionBackend, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:

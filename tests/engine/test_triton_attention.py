@@ -1,4 +1,4 @@
-"""TritonAttentionBackend against TorchAttentionBackend (run in float64) on random paged batches.
+"""TritonAttentionBackend against TorchAttentionBackend (run in float64) on random paged batches (K/V stored first).
 
 GPU tests cover the real shapes (GQA 8:1, 7:1, 4:1, 3:1, head_dim 64/128, contexts up to 8k). Without a GPU,
 small cases run the same kernels in Triton's interpreter, in a child process started with TRITON_INTERPRET=1.
@@ -7,10 +7,7 @@ The whole module is skipped where triton is not installed.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend, num_kv_splits
 from engine.attention.triton_checks import check_attention_args
 from engine.attention.triton_decode import decode_attention
+from tests.engine.triton_interpreter import run_interpreted
 
 BLOCK_SIZE = 16
 NUM_LAYERS = 3
@@ -82,22 +80,17 @@ def make_batch(
 
 
 def check_backend(batch: Batch, dtype: torch.dtype) -> None:
-    """Triton output within tolerance of the float64 reference for every request; the pool is stored exactly."""
+    """Triton output within tolerance of the float64 reference for every request; the pool is only read."""
     scale = batch.query.shape[2] ** -0.5
-    expected_pool = batch.pool.clone()
-    store_kv(batch.key, batch.value, expected_pool[:, LAYER], batch.metadata.slot_mapping, BLOCK_SIZE)
+    kv_cache = batch.pool[:, LAYER]
+    store_kv(batch.key, batch.value, kv_cache, batch.metadata.slot_mapping, BLOCK_SIZE)
+    pool_before = batch.pool.clone()
     reference = TorchAttentionBackend(BLOCK_SIZE, scale).forward(
-        batch.query.double(),
-        batch.key.double(),
-        batch.value.double(),
-        batch.pool[:, LAYER].double(),
-        batch.metadata,
+        batch.query.double(), kv_cache.double(), batch.metadata
     )
-    output = TritonAttentionBackend(BLOCK_SIZE, scale).forward(
-        batch.query, batch.key, batch.value, batch.pool[:, LAYER], batch.metadata
-    )
+    output = TritonAttentionBackend(BLOCK_SIZE, scale).forward(batch.query, kv_cache, batch.metadata)
     assert output.shape == batch.query.shape and output.dtype == dtype
-    assert torch.equal(batch.pool, expected_pool)
+    assert torch.equal(batch.pool, pool_before)
     assert_close_per_request(output, reference, batch.metadata.query_start_loc_cpu, TOLERANCE[dtype])
 
 
@@ -150,11 +143,9 @@ def test_prefill_only_batch(dtype: torch.dtype) -> None:
 def check_decode_splits(batch: Batch, num_splits: int) -> None:
     """The decode kernel alone, at a forced split count: decode rows match, other rows stay untouched (NaN)."""
     m = batch.metadata
-    reference = TorchAttentionBackend(BLOCK_SIZE, 0.1).forward(
-        batch.query.double(), batch.key.double(), batch.value.double(), batch.pool[:, LAYER].double(), m
-    )
     kv_cache = batch.pool[:, LAYER]
     store_kv(batch.key, batch.value, kv_cache, m.slot_mapping, BLOCK_SIZE)
+    reference = TorchAttentionBackend(BLOCK_SIZE, 0.1).forward(batch.query.double(), kv_cache.double(), m)
     output = torch.full_like(batch.query, float("nan"))
     decode_attention(batch.query, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, output, 0.1, num_splits)
     starts = m.query_start_loc_cpu
@@ -182,18 +173,7 @@ def run_interpreted_checks() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests run the compiled kernels")
 def test_kernels_in_triton_interpreter() -> None:
-    # NOTE: a fresh process, since TRITON_INTERPRET only takes effect if set before triton is first imported.
-    code = "from tests.engine.test_triton_attention import run_interpreted_checks; run_interpreted_checks()"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_interpreted("tests.engine.test_triton_attention", "run_interpreted_checks")
 
 
 def test_num_kv_splits_fills_the_gpu_within_bounds() -> None:

@@ -1,0 +1,43 @@
+"""The kernels a model layer runs beside cuBLAS, chosen once per device: Triton on CUDA, torch elsewhere (fused
+elementwise work, and a one-row GEMV for batch-1 decode).
+
+Both sets compute the same functions (`engine.layers.layernorm`, `rotary_embedding`, `activation` document the
+semantics; tests/engine/test_triton_layers.py checks the Triton set against the torch one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    fused_add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+    # (qkv, positions, cos_sin, q_norm_weight, k_norm_weight, eps, kv_cache, slot_mapping, Hq, Hkv, D) -> q
+    qk_norm_rope_store: Callable[..., torch.Tensor]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    # (x, weight, bias | None) -> x @ weight^T + bias
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def layer_kernels(device: torch.device) -> LayerKernels:
+    if device.type == "cuda":
+        from engine.layers.triton_activation import silu_and_mul as triton_silu_and_mul
+        from engine.layers.triton_gemv import linear as triton_linear
+        from engine.layers.triton_rms_norm import fused_add_rms_norm as triton_fused_add_rms_norm
+        from engine.layers.triton_rms_norm import rms_norm as triton_rms_norm
+        from engine.layers.triton_rope import qk_norm_rope_store as triton_qk_norm_rope_store
+
+        return LayerKernels(
+            triton_rms_norm, triton_fused_add_rms_norm, triton_qk_norm_rope_store, triton_silu_and_mul, triton_linear
+        )
+    from engine.layers.activation import silu_and_mul
+    from engine.layers.layernorm import fused_add_rms_norm, rms_norm
+    from engine.layers.rotary_embedding import qk_norm_rope_store
+
+    return LayerKernels(rms_norm, fused_add_rms_norm, qk_norm_rope_store, silu_and_mul, F.linear)
