@@ -1,6 +1,9 @@
-"""Moving KV blocks from prefill to decode: one interface (`base`), backends `tcp` and `in_process`.
+"""Moving KV blocks from prefill to decode: one interface (`base`), backends `tcp`, `cuda_ipc`, `nccl` and
+`in_process`, picked by name (`factory`).
 
-See `kv_transfer.base` for the lifecycle of a transfer and who owns which blocks when.
+See `kv_transfer.base` for the lifecycle of a transfer and who owns which blocks when. The socket backends (tcp,
+cuda_ipc, nccl) share one control plane (`kv_transfer.tcp`) and differ in how the bytes move; each subpackage's
+docstring writes out its lifecycle.
 """
 
 from kv_transfer.base import KVReceiver, KVSender, TransferStats

@@ -86,7 +86,7 @@ class KVReceiver(_Closable, ABC):
     @property
     @abstractmethod
     def endpoint(self) -> str:
-        """Where senders reach this receiver ("host:port" for tcp); goes into the Reserve answer."""
+        """Where senders reach this receiver ("host:port" for the socket backends); goes into the Reserve answer."""
 
     @abstractmethod
     def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:

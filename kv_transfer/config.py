@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from common.config import doc
 from common.errors import InvalidArgumentError
 
-BACKENDS = ("tcp", "in_process")
+BACKENDS = ("tcp", "cuda_ipc", "nccl", "in_process")
+# NOTE: these move bytes GPU to GPU; they refuse pools on the host (`tcp` takes those).
+DEVICE_BACKENDS = ("cuda_ipc", "nccl")
 
 
 def check_backend(backend: str) -> None:

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver, KVSender, TransferHook, ignore_hook
-from kv_transfer.config import check_backend
+from kv_transfer.config import DEVICE_BACKENDS, check_backend
+from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from kv_transfer.in_process import InProcessReceiver, InProcessSender
-from kv_transfer.tcp import TcpReceiver, TcpSender
+from kv_transfer.nccl import NcclReceiver, NcclSender
+from kv_transfer.tcp import SocketReceiver, SocketSender, TcpReceiver, TcpSender
+
+_SOCKET_SENDERS: dict[str, type[SocketSender[Any]]] = {"tcp": TcpSender, "cuda_ipc": CudaIpcSender, "nccl": NcclSender}
+_SOCKET_RECEIVERS: dict[str, type[SocketReceiver]] = {
+    "tcp": TcpReceiver,
+    "cuda_ipc": CudaIpcReceiver,
+    "nccl": NcclReceiver,
+}
+
+
+def _check_pool(backend: str, pool: torch.Tensor) -> None:
+    check_backend(backend)
+    if backend in DEVICE_BACKENDS and pool.device.type != "cuda":
+        raise InvalidArgumentError(
+            "kv_transfer_backend",
+            f"{backend!r} moves KV between GPU pools, but this pool is on {pool.device}; use 'tcp'",
+        )
 
 
 def make_sender(
@@ -19,11 +40,13 @@ def make_sender(
     connect_timeout_s: float = 5.0,
     on_finished: TransferHook = ignore_hook,
 ) -> KVSender:
-    """The prefill side's sender over `pool`; InvalidArgumentError("kv_transfer_backend") for unknown backends."""
-    check_backend(backend)
+    """The prefill side's sender over `pool`; InvalidArgumentError("kv_transfer_backend") for unknown backends and for
+    a device backend (cuda_ipc, nccl) over a pool that is not on a GPU."""
+    _check_pool(backend, pool)
     if backend == "in_process":
         return InProcessSender(pool, block_size, lease_s=lease_s, on_finished=on_finished)
-    return TcpSender(pool, block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished)
+    sender = _SOCKET_SENDERS[backend]
+    return sender(pool, block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished)
 
 
 def make_receiver(
@@ -36,8 +59,10 @@ def make_receiver(
     advertise_host: str | None = None,
     on_released: TransferHook = ignore_hook,
 ) -> KVReceiver:
-    """The decode side's receiver into `pool` (host/port matter to tcp only); same error for unknown backends."""
-    check_backend(backend)
+    """The decode side's receiver into `pool` (host/port: where it listens for senders); the same errors as
+    `make_sender`."""
+    _check_pool(backend, pool)
     if backend == "in_process":
         return InProcessReceiver(pool, block_size, on_released=on_released)
-    return TcpReceiver(pool, block_size, host, port, advertise_host=advertise_host, on_released=on_released)
+    receiver = _SOCKET_RECEIVERS[backend]
+    return receiver(pool, block_size, host, port, advertise_host=advertise_host, on_released=on_released)

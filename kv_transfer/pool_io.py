@@ -1,6 +1,7 @@
 """Byte-level access to a KV pool: gather blocks out of it, and land received blocks in it.
 
-A pool [num_blocks, ...] is viewed as uint8 [num_blocks, block_nbytes] sharing its memory, so one block is one row.
+A pool [num_blocks, ...] is viewed as uint8 [num_blocks, block_nbytes] sharing its memory, so one block is one row;
+GPU copies use the same rows as wider words (`row_words`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,31 @@ def pool_bytes(pool: torch.Tensor) -> torch.Tensor:
     return pool.view(torch.uint8).view(pool.shape[0], -1)
 
 
+def row_words(rows: torch.Tensor) -> torch.Tensor:
+    """Byte rows viewed as the widest integer words that tile a row (int64 for any real KV block), same memory.
+
+    NOTE: a GPU gather or scatter moves one element per thread and step: 8-byte words run at memory bandwidth where
+    bytes do not, and an integer copy keeps every bit (NaN payloads of the KV included).
+    """
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if rows.shape[1] % dtype.itemsize == 0:
+            return rows.view(dtype)
+    return rows
+
+
+def pool_words(pool: torch.Tensor) -> torch.Tensor:
+    """`row_words(pool_bytes(pool))`: the pool as rows of words, one per block."""
+    return row_words(pool_bytes(pool))
+
+
+def block_index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The ids as an int64 index on `device`; a device copy goes through pinned memory, so nothing waits for it."""
+    index = torch.tensor(block_ids, dtype=torch.long)
+    if device.type == "cpu":
+        return index
+    return index.pin_memory().to(device, non_blocking=True)
+
+
 def check_block_ids(block_ids: Sequence[int], num_blocks: int, field: str) -> None:
     if not all(0 <= block_id < num_blocks for block_id in block_ids):
         raise InvalidArgumentError(field, f"block ids must be in [0, {num_blocks}), got {list(block_ids)}")
@@ -34,6 +60,37 @@ def gather_blocks(rows: torch.Tensor, block_ids: Sequence[int]) -> np.ndarray:
         return rows.numpy()[list(block_ids)]
     index = torch.tensor(block_ids, dtype=torch.long, device=rows.device)
     return rows.index_select(0, index).cpu().numpy()
+
+
+class HostBlocks:
+    """A chunk's blocks on their way to host memory; `wait()` returns them as uint8 [num_blocks, block_nbytes]."""
+
+    def __init__(self, host: np.ndarray, copied: torch.cuda.Event | None = None) -> None:
+        self._host = host
+        self._copied = copied
+
+    def wait(self) -> np.ndarray:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host
+
+
+def start_gather_to_host(rows: torch.Tensor, block_ids: Sequence[int]) -> HostBlocks:
+    """Start copying the blocks' rows to host memory without waiting for the device.
+
+    NOTE: from a GPU pool, one gather on the device and one asynchronous copy into pinned memory (torch's caching
+    host allocator keeps the buffer until that copy ran), queued behind the work that computed the blocks: the
+    engine thread that calls this never waits for its step, nor for ~10 GB/s of PCIe.
+    """
+    if rows.device.type == "cpu":
+        return HostBlocks(gather_blocks(rows, block_ids))
+    index = torch.tensor(block_ids, dtype=torch.long).to(rows.device, non_blocking=True)
+    gathered = rows.index_select(0, index)
+    host = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
+    host.copy_(gathered, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return HostBlocks(host.numpy(), copied)
 
 
 def write_blocks(rows: torch.Tensor, block_ids: Sequence[int], blocks: np.ndarray) -> None:

@@ -15,6 +15,8 @@ from prefill_service.prefill_events import FirstToken, KVTarget, PrefillEvent, T
 
 _BACKENDS = {
     "tcp": kv_transfer_pb2.TRANSFER_BACKEND_TCP,
+    "cuda_ipc": kv_transfer_pb2.TRANSFER_BACKEND_CUDA_IPC,
+    "nccl": kv_transfer_pb2.TRANSFER_BACKEND_NCCL,
     "in_process": kv_transfer_pb2.TRANSFER_BACKEND_IN_PROCESS,
 }
 _BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}

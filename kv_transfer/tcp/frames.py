@@ -1,11 +1,15 @@
-"""The tcp backend's wire format: every frame is a fixed header, the transfer id, block ids, then a payload.
+"""The wire format of the socket backends' connections: a fixed header, the transfer id, block ids, then a payload.
 
     magic "PDKV" | version u8 | type u8 | flags u8 (bit 0: last chunk) | id length u8 | seq u32 |
-    block count u32 | payload bytes u64 | transfer id (utf-8) | block ids (u32 each) | payload
+    block count u32 | source block count u32 | payload bytes u64 |
+    transfer id (utf-8) | block ids (u32 each) | source block ids (u32 each) | payload
 
 All integers are big-endian. Frames by type (-> sender to receiver, <- receiver to sender):
-    -> HELLO  payload: the sender's layout (JSON). <- HELLO payload: the receiver's layout; each side checks.
-    -> CHUNK  seq, transfer id, destination block ids, flags; payload: the blocks' bytes, in block id order.
+    -> HELLO  payload (JSON): {"backend", "layout", "plane": the backend's data-plane fields}.
+    <- HELLO  the receiver's, same fields (each side checks the layouts), or <- ERROR when it refuses the sender.
+    -> CHUNK  seq, transfer id, destination block ids, flags; where the bytes are depends on the backend:
+              tcp: the payload, in block id order; cuda_ipc: in the sender's pool, at the source block ids (the
+              receiver copies them out); nccl: no payload, the bytes follow on the pair's NCCL communicator.
     <- ACK    seq of the chunk written.            <- ERROR  seq; payload: {"code", "message"} (JSON).
     -> ABORT  transfer id; no answer.
 """
@@ -20,14 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.errors import InvalidArgumentError
+from kv_transfer.layout import KVLayout
 from kv_transfer.state import ProtocolError, TransferError, TransportError, error_from_code
 
 MAGIC = b"PDKV"
-VERSION = 1
+VERSION = 2
 FLAG_LAST = 1
 MAX_BLOCKS_PER_FRAME = 1 << 20
 MAX_JSON_NBYTES = 1 << 16
-_HEADER = struct.Struct("!4sBBBBIIQ")
+_HEADER = struct.Struct("!4sBBBBIIIQ")
+# NOTE: magic and version are checked before the rest of the header is read: a stray client is dropped at once.
+_PREAMBLE = struct.Struct("!4sB")
 _SCRATCH_NBYTES = 1 << 16
 
 KeepWaiting = Callable[[], bool]
@@ -54,14 +62,30 @@ class FrameHead:
     block_ids: tuple[int, ...] = ()
     last: bool = False
     payload_nbytes: int = 0
+    src_block_ids: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
         transfer_id = self.transfer_id.encode()
         flags = FLAG_LAST if self.last else 0
+        num_ids, num_src_ids = len(self.block_ids), len(self.src_block_ids)
         header = _HEADER.pack(
-            MAGIC, VERSION, self.kind, flags, len(transfer_id), self.seq, len(self.block_ids), self.payload_nbytes
+            MAGIC, VERSION, self.kind, flags, len(transfer_id), self.seq, num_ids, num_src_ids, self.payload_nbytes
         )
-        return header + transfer_id + struct.pack(f"!{len(self.block_ids)}I", *self.block_ids)
+        return header + transfer_id + struct.pack(f"!{num_ids + num_src_ids}I", *self.block_ids, *self.src_block_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The handshake both sides send: backend name, pool layout, and the backend's data-plane fields (`plane`)."""
+
+    backend: str
+    layout: KVLayout
+    plane: dict[str, Any]
+
+    def encode(self) -> bytes:
+        return encode_json_frame(
+            FrameType.HELLO, {"backend": self.backend, "layout": self.layout.to_dict(), "plane": self.plane}
+        )
 
 
 def encode_json_frame(kind: FrameType, body: dict[str, Any], seq: int = 0, transfer_id: str = "") -> bytes:
@@ -74,26 +98,45 @@ def encode_error_frame(seq: int, transfer_id: str, error: TransferError) -> byte
 
 
 def read_head(sock: socket.socket, keep_waiting: KeepWaiting) -> FrameHead:
-    header = recv_exact(sock, _HEADER.size, keep_waiting)
-    magic, version, kind, flags, id_nbytes, seq, num_blocks, payload_nbytes = _HEADER.unpack(header)
+    preamble = recv_exact(sock, _PREAMBLE.size, keep_waiting)
+    magic, version = _PREAMBLE.unpack(preamble)
     if magic != MAGIC or version != VERSION:
         raise ProtocolError(f"not a pdserve KV frame (magic {magic!r}, version {version})")
+    header = preamble + recv_exact(sock, _HEADER.size - _PREAMBLE.size, keep_waiting)
+    _, _, kind, flags, id_nbytes, seq, num_ids, num_src_ids, payload_nbytes = _HEADER.unpack(header)
     if kind not in _FRAME_TYPES:
         raise ProtocolError(f"unknown frame type {kind}")
-    if num_blocks > MAX_BLOCKS_PER_FRAME:
-        raise ProtocolError(f"{num_blocks} blocks in one frame (at most {MAX_BLOCKS_PER_FRAME})")
+    if max(num_ids, num_src_ids) > MAX_BLOCKS_PER_FRAME:
+        raise ProtocolError(f"{max(num_ids, num_src_ids)} blocks in one frame (at most {MAX_BLOCKS_PER_FRAME})")
     try:
         transfer_id = recv_exact(sock, id_nbytes, keep_waiting).decode()
     except UnicodeDecodeError as error:
         raise ProtocolError(f"transfer id is not utf-8: {error}") from None
-    block_ids = struct.unpack(f"!{num_blocks}I", recv_exact(sock, 4 * num_blocks, keep_waiting))
-    return FrameHead(FrameType(kind), seq, transfer_id, block_ids, bool(flags & FLAG_LAST), payload_nbytes)
+    ids = struct.unpack(f"!{num_ids + num_src_ids}I", recv_exact(sock, 4 * (num_ids + num_src_ids), keep_waiting))
+    last = bool(flags & FLAG_LAST)
+    return FrameHead(FrameType(kind), seq, transfer_id, ids[:num_ids], last, payload_nbytes, ids[num_ids:])
+
+
+def read_hello(sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> Hello:
+    """The HELLO whose head was read; ProtocolError if its fields are missing or malformed."""
+    body = read_json(sock, head, keep_waiting)
+    backend, plane = body.get("backend"), body.get("plane")
+    if not isinstance(backend, str) or not isinstance(plane, dict):
+        raise ProtocolError(f"HELLO needs a backend name and plane fields, got {sorted(body)}")
+    try:
+        layout = KVLayout.from_dict(body["layout"])
+    except (InvalidArgumentError, KeyError, TypeError) as error:
+        raise ProtocolError(f"bad HELLO layout: {error}") from None
+    return Hello(backend, layout, plane)
 
 
 def read_json(sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> dict[str, Any]:
     if head.payload_nbytes > MAX_JSON_NBYTES:
         raise ProtocolError(f"{head.kind.name} payload of {head.payload_nbytes} bytes")
-    body = json.loads(recv_exact(sock, head.payload_nbytes, keep_waiting))
+    try:
+        body = json.loads(recv_exact(sock, head.payload_nbytes, keep_waiting))
+    except ValueError as error:
+        raise ProtocolError(f"{head.kind.name} payload is not JSON: {error}") from None
     if not isinstance(body, dict):
         raise ProtocolError(f"{head.kind.name} payload is not a JSON object")
     return body

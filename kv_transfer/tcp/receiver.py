@@ -1,124 +1,51 @@
-"""The tcp backend's receiver: listens on host:port, one thread per sender connection."""
+"""The tcp backend's receiver: its data plane reads each chunk's bytes from the socket, after the CHUNK frame."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import socket
-import threading
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from kv_transfer.base import KVReceiver, TransferHook, ignore_hook
-from kv_transfer.housekeeper import Housekeeper
-from kv_transfer.layout import KVLayout
-from kv_transfer.pool_io import make_block_sink, pool_bytes
-from kv_transfer.reservation_table import ReservationTable
-from kv_transfer.state import TransferState
-from kv_transfer.tcp.address import format_endpoint
-from kv_transfer.tcp.receiver_connection import ReceiverConnection
-
-logger = logging.getLogger(__name__)
-
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+from kv_transfer.pool_io import BlockSink, make_block_sink, pool_bytes
+from kv_transfer.state import ProtocolError
+from kv_transfer.tcp.data_plane import ReceiverLink, ReceiverPlane
+from kv_transfer.tcp.frames import FrameHead, KeepWaiting, discard, recv_blocks
+from kv_transfer.tcp.socket_receiver import SocketReceiver
 
 
-class TcpReceiver(KVReceiver):
-    """Receives chunks over TCP into `pool`. Port 0 picks a free port; `endpoint` reports the real one, with
-    `advertise_host` (or, for a wildcard bind, this machine's hostname) as its host."""
+class _PayloadLink(ReceiverLink):
+    def __init__(self, sink: BlockSink, block_nbytes: int) -> None:
+        self._sink = sink
+        self._block_nbytes = block_nbytes
 
-    def __init__(
-        self,
-        pool: torch.Tensor,
-        block_size: int,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        advertise_host: str | None = None,
-        on_released: TransferHook = ignore_hook,
-        reap_interval_s: float = 0.05,
-        poll_interval_s: float = 0.1,
-    ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
-        self.on_released = on_released
-        self.num_connections_accepted = 0
-        self._sink = make_block_sink(pool_bytes(pool))
-        self._table = ReservationTable(pool.shape[0], self._post_released)
-        self._poll_interval_s = poll_interval_s
-        self._closing = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._listener = socket.create_server((host, port), family=_family(host))
-        self._listener.settimeout(poll_interval_s)
-        bound_port = self._listener.getsockname()[1]
-        if advertise_host is None:
-            advertise_host = socket.gethostname() if host in _WILDCARD_HOSTS else host
-        self._endpoint = format_endpoint(advertise_host, bound_port)
-        self._housekeeper = Housekeeper(f"kv-receiver-{bound_port}", self._table.reap, reap_interval_s)
-        self._acceptor = threading.Thread(target=self._accept_loop, name=f"kv-accept-{bound_port}", daemon=True)
-        self._acceptor.start()
+    def check(self, head: FrameHead) -> None:
+        if head.src_block_ids or head.payload_nbytes != len(head.block_ids) * self._block_nbytes:
+            raise ProtocolError(f"chunk payload of {head.payload_nbytes} bytes for {len(head.block_ids)} blocks")
 
-    @property
-    def endpoint(self) -> str:
-        return self._endpoint
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+        write = self._sink.open(head.block_ids)
+        recv_blocks(sock, write.buffers, keep_waiting)
+        write.commit()
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
-        self._table.expect(transfer_id, dst_block_ids, lease_s)
-
-    def state(self, transfer_id: str) -> TransferState:
-        return self._table.state(transfer_id)
-
-    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
-        return self._table.wait(transfer_id, timeout_s)
-
-    def claim(self, transfer_id: str) -> None:
-        self._table.claim(transfer_id)
-
-    def abort(self, transfer_id: str) -> None:
-        self._table.abort(transfer_id)
-
-    def close(self) -> None:
-        self._closing.set()
-        if threading.current_thread() is not self._acceptor:
-            self._acceptor.join(5.0)
-        self._listener.close()
-        with self._lock:
-            connections = list(self._connections.items())
-        for sock, thread in connections:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            thread.join(5.0)
-        self._table.abort_all()
-        self._housekeeper.stop()
-
-    def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as error:
-                if not self._closing.is_set():
-                    logger.error("kv receiver %s stops accepting: %s", self._endpoint, error)
-                return
-            sock.settimeout(self._poll_interval_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            thread = threading.Thread(target=self._serve, args=(sock,), name="kv-receiver-conn", daemon=True)
-            with self._lock:
-                self.num_connections_accepted += 1
-                self._connections[sock] = thread
-            thread.start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            ReceiverConnection(sock, self.layout, self._table, self._sink, self._closing.is_set).run()
-        finally:
-            with self._lock:
-                self._connections.pop(sock, None)
-
-    def _post_released(self, transfer_id: str, state: TransferState) -> None:
-        self._housekeeper.post(lambda: self.on_released(transfer_id, state))
+    def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+        discard(sock, head.payload_nbytes, keep_waiting)
 
 
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
+class TcpReceiverPlane(ReceiverPlane):
+    """Reads each chunk straight into its blocks (host pool) or through host staging (GPU pool)."""
+
+    backend = "tcp"
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self._link = _PayloadLink(make_block_sink(rows), rows.shape[1])
+
+    def accept(self, hello: dict[str, Any]) -> ReceiverLink:
+        return self._link
+
+
+class TcpReceiver(SocketReceiver):
+    """Receives chunks over TCP into `pool`, reading each chunk's payload straight into its blocks."""
+
+    def _make_plane(self, pool: torch.Tensor, host: str) -> ReceiverPlane:
+        return TcpReceiverPlane(pool_bytes(pool))

@@ -1,117 +1,46 @@
-"""The tcp backend's sender: one persistent connection per receiver endpoint, reused across transfers."""
+"""The tcp backend's sender: its data plane sends each chunk's bytes right after the CHUNK frame, on the socket."""
 
 from __future__ import annotations
 
-import threading
+import dataclasses
+import socket
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
-from kv_transfer.housekeeper import Housekeeper
-from kv_transfer.layout import KVLayout
-from kv_transfer.pool_io import check_block_ids, gather_blocks, pool_bytes
-from kv_transfer.send_ledger import SendLedger
-from kv_transfer.state import LayoutMismatchError, TransferState, TransportError
-from kv_transfer.tcp.address import parse_endpoint
-from kv_transfer.tcp.sender_connection import Outgoing, OutgoingAbort, OutgoingChunk, SenderConnection
+from kv_transfer.pool_io import HostBlocks, pool_bytes, start_gather_to_host
+from kv_transfer.tcp.data_plane import SenderLink, SenderPlane
+from kv_transfer.tcp.frames import FrameHead
+from kv_transfer.tcp.socket_sender import SocketSender
 
 
-class TcpSender(KVSender):
-    """Ships blocks of `pool` over TCP. `send` copies the blocks to host memory and queues them; the connection's
-    threads do the I/O. `lease_s` bounds how long a transfer waits for its next ack (and each socket write)."""
+class _PayloadLink(SenderLink[HostBlocks]):
+    def write(self, sock: socket.socket, head: FrameHead, staged: HostBlocks) -> None:
+        payload = staged.wait().reshape(-1)
+        sock.sendall(dataclasses.replace(head, payload_nbytes=payload.nbytes).encode())
+        sock.sendall(payload.data)
 
-    def __init__(
-        self,
-        pool: torch.Tensor,
-        block_size: int,
-        lease_s: float = 30.0,
-        connect_timeout_s: float = 5.0,
-        on_finished: TransferHook = ignore_hook,
-        reap_interval_s: float = 0.05,
-    ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
-        self.on_finished = on_finished
-        self._rows = pool_bytes(pool)
-        self._lease_s = lease_s
-        self._connect_timeout_s = connect_timeout_s
-        self._ledger = SendLedger(lease_s, self._post_finished)
-        self._lock = threading.Lock()
-        self._connections: dict[str, SenderConnection] = {}
-        self._num_opened = 0
-        self._housekeeper = Housekeeper("kv-sender-tcp", self._reap, reap_interval_s)
 
-    def send(
-        self,
-        transfer_id: str,
-        endpoint: str,
-        layout: KVLayout,
-        src_block_ids: Sequence[int],
-        dst_block_ids: Sequence[int],
-        last: bool,
-    ) -> None:
-        check_send_args(transfer_id, src_block_ids, dst_block_ids)
-        check_block_ids(src_block_ids, self._rows.shape[0], "src_block_ids")
-        parse_endpoint(endpoint)
-        try:
-            self.layout.check_compatible(layout)
-        except LayoutMismatchError as error:
-            self._ledger.fail_new(transfer_id, endpoint, error)
-            return
-        blocks = gather_blocks(self._rows, src_block_ids)
-        if not self._ledger.open_chunk(transfer_id, endpoint, last):
-            return
-        if not self._submit(endpoint, OutgoingChunk(transfer_id, tuple(dst_block_ids), blocks, last), reconnect=True):
-            self._ledger.fail(transfer_id, TransportError(f"no connection to {endpoint}"))
+class TcpSenderPlane(SenderPlane[HostBlocks]):
+    """`stage` starts copying the blocks to host memory (from a GPU pool: without waiting for it); the link waits for
+    the copy before it sends the bytes."""
 
-    def state(self, transfer_id: str) -> TransferState:
-        return self._ledger.state(transfer_id)
+    backend = "tcp"
 
-    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
-        return self._ledger.wait(transfer_id, timeout_s)
+    def __init__(self, rows: torch.Tensor) -> None:
+        self._rows = rows
 
-    def abort(self, transfer_id: str) -> None:
-        endpoint = self._ledger.abort(transfer_id)
-        if endpoint is not None:
-            self._submit(endpoint, OutgoingAbort(transfer_id), reconnect=False)
+    def stage(self, src_block_ids: Sequence[int]) -> HostBlocks:
+        return start_gather_to_host(self._rows, src_block_ids)
 
-    def stats(self, transfer_id: str) -> TransferStats:
-        return self._ledger.stats(transfer_id)
+    def link(self, host: str, answer: dict[str, Any]) -> SenderLink[HostBlocks]:
+        return _PayloadLink()
 
-    @property
-    def num_connections(self) -> int:
-        """Connections opened so far (one per receiver endpoint while it stays up)."""
-        with self._lock:
-            return self._num_opened
 
-    def close(self) -> None:
-        for transfer_id in self._ledger.live_ids():
-            self.abort(transfer_id)
-        with self._lock:
-            connections = list(self._connections.values())
-            self._connections.clear()
-        for connection in connections:
-            connection.close()
-        self._housekeeper.stop()
+class TcpSender(SocketSender[HostBlocks]):
+    """Ships blocks of `pool` over TCP: `send` starts copying them to host memory; the bytes follow their CHUNK
+    frame."""
 
-    def _submit(self, endpoint: str, item: Outgoing, reconnect: bool) -> bool:
-        """Queue `item` on the endpoint's connection; with `reconnect`, open a new one if it died (or none is)."""
-        for _ in range(2):
-            with self._lock:
-                connection = self._connections.get(endpoint)
-                if (connection is None or connection.closed) and reconnect:
-                    connection = SenderConnection(
-                        endpoint, self.layout, self._ledger, self._connect_timeout_s, self._lease_s
-                    )
-                    self._connections[endpoint] = connection
-                    self._num_opened += 1
-            if connection is None or connection.submit(item):
-                return connection is not None
-        return False
-
-    def _reap(self) -> None:
-        for transfer_id, endpoint in self._ledger.reap():
-            self._submit(endpoint, OutgoingAbort(transfer_id), reconnect=False)
-
-    def _post_finished(self, transfer_id: str, state: TransferState) -> None:
-        self._housekeeper.post(lambda: self.on_finished(transfer_id, state))
+    def _make_plane(self, pool: torch.Tensor) -> SenderPlane[HostBlocks]:
+        return TcpSenderPlane(pool_bytes(pool))

@@ -1,4 +1,4 @@
-"""One persistent connection from a TcpSender to one receiver endpoint, reused by every transfer to it."""
+"""One persistent connection from a SocketSender to one receiver endpoint, reused by every transfer to it."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import queue
 import socket
 import threading
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Generic
 
 from kv_transfer.layout import KVLayout
 from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import ProtocolError, TransferError, TransportError
 from kv_transfer.tcp.address import parse_endpoint
-from kv_transfer.tcp.frames import FrameHead, FrameType, encode_json_frame, read_error, read_head, read_json
+from kv_transfer.tcp.data_plane import SenderLink, SenderPlane, Staged
+from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +23,10 @@ _SEQ_MODULUS = 1 << 32
 
 
 @dataclass(frozen=True, slots=True)
-class OutgoingChunk:
+class OutgoingChunk(Generic[Staged]):
     transfer_id: str
     dst_block_ids: tuple[int, ...]
-    blocks: np.ndarray
+    staged: Staged
     last: bool
 
 
@@ -35,29 +35,37 @@ class OutgoingAbort:
     transfer_id: str
 
 
-Outgoing = OutgoingChunk | OutgoingAbort
+Outgoing = OutgoingChunk[Staged] | OutgoingAbort
 
 
 def _as_transfer_error(error: Exception) -> TransferError:
     return error if isinstance(error, TransferError) else TransportError(f"{type(error).__name__}: {error}")
 
 
-class SenderConnection:
-    """A writer thread (connect, handshake, then frames out in submission order) and a reader thread (ACK and
-    ERROR frames in, matched to chunks by seq). When the connection dies, every chunk queued or unacked on it
-    fails its transfer; the sender opens a new connection for later chunks."""
+class SenderConnection(Generic[Staged]):
+    """A writer thread (connect, handshake, then frames out in submission order, each chunk's bytes moved by the
+    data plane's link) and a reader thread (ACK and ERROR frames in, matched to chunks by seq). When the connection
+    dies, every chunk queued or unacked on it fails its transfer; the sender opens a new connection for later chunks.
+    """
 
     def __init__(
-        self, endpoint: str, layout: KVLayout, ledger: SendLedger, connect_timeout_s: float, io_timeout_s: float
+        self,
+        endpoint: str,
+        layout: KVLayout,
+        plane: SenderPlane[Staged],
+        ledger: SendLedger,
+        connect_timeout_s: float,
+        io_timeout_s: float,
     ) -> None:
         self.endpoint = endpoint
         self._layout = layout
+        self._plane = plane
         self._ledger = ledger
         self._connect_timeout_s = connect_timeout_s
         self._io_timeout_s = io_timeout_s
-        self._queue: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Outgoing[Staged] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._in_flight: dict[int, OutgoingChunk] = {}
+        self._in_flight: dict[int, OutgoingChunk[Staged]] = {}
         self._next_seq = 0
         self._closed = False
         self._ready = False
@@ -70,7 +78,7 @@ class SenderConnection:
         with self._lock:
             return self._closed
 
-    def submit(self, item: Outgoing) -> bool:
+    def submit(self, item: Outgoing[Staged]) -> bool:
         """Queue a frame; False if the connection already died (nothing was queued)."""
         with self._lock:
             if not self._closed:
@@ -90,43 +98,49 @@ class SenderConnection:
 
     def _write_loop(self) -> None:
         reader: threading.Thread | None = None
+        link: SenderLink[Staged] | None = None
         error: TransferError = TransportError(f"connection to {self.endpoint} closed")
         try:
-            sock = self._connect()
+            sock, link = self._connect()
             reader = threading.Thread(target=self._read_loop, args=(sock,), name="kv-send-acks", daemon=True)
             reader.start()
             while (item := self._queue.get()) is not None:
-                self._write(sock, item)
+                self._write(sock, link, item)
         except Exception as caught:
             error = _as_transfer_error(caught)
         finally:
             self._fail(error)
             if reader is not None:
                 reader.join(self._connect_timeout_s)
+            if link is not None:
+                link.close()
             if self._sock is not None:
                 self._sock.close()
 
-    def _connect(self) -> socket.socket:
-        """Open the socket and check the receiver's layout against ours (both sides check)."""
-        sock = socket.create_connection(parse_endpoint(self.endpoint), timeout=self._connect_timeout_s)
+    def _connect(self) -> tuple[socket.socket, SenderLink[Staged]]:
+        """Open the socket, check the receiver's backend and layout against ours (both sides check), open the link."""
+        host, port = parse_endpoint(self.endpoint)
+        sock = socket.create_connection((host, port), timeout=self._connect_timeout_s)
         with self._lock:
             self._sock = sock
             if self._closed:
                 raise TransportError(f"connection to {self.endpoint} closed while connecting")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(encode_json_frame(FrameType.HELLO, {"layout": self._layout.to_dict()}))
+        sock.sendall(Hello(self._plane.backend, self._layout, self._plane.hello()).encode())
         head = read_head(sock, lambda: False)
         if head.kind is FrameType.ERROR:
             raise read_error(sock, head, lambda: False)
         if head.kind is not FrameType.HELLO:
             raise ProtocolError(f"expected HELLO from {self.endpoint}, got {head.kind.name}")
-        self._layout.check_compatible(KVLayout.from_dict(read_json(sock, head, lambda: False)["layout"]))
+        answer = read_hello(sock, head, lambda: False)
+        self._layout.check_compatible(answer.layout)
+        link = self._plane.link(host, answer.plane)
         sock.settimeout(self._io_timeout_s)
         with self._lock:
             self._ready = True
-        return sock
+        return sock, link
 
-    def _write(self, sock: socket.socket, item: Outgoing) -> None:
+    def _write(self, sock: socket.socket, link: SenderLink[Staged], item: Outgoing[Staged]) -> None:
         if isinstance(item, OutgoingAbort):
             sock.sendall(FrameHead(FrameType.ABORT, transfer_id=item.transfer_id).encode())
             return
@@ -142,10 +156,7 @@ class SenderConnection:
             error = TransportError(f"connection to {self.endpoint} closed")
             self._ledger.fail(item.transfer_id, error)
             raise error
-        payload = item.blocks.reshape(-1)
-        head = FrameHead(FrameType.CHUNK, seq, item.transfer_id, item.dst_block_ids, item.last, payload.nbytes)
-        sock.sendall(head.encode())
-        sock.sendall(payload.data)
+        link.write(sock, FrameHead(FrameType.CHUNK, seq, item.transfer_id, item.dst_block_ids, item.last), item.staged)
 
     def _read_loop(self, sock: socket.socket) -> None:
         try:
@@ -166,7 +177,8 @@ class SenderConnection:
         if chunk is None:
             raise ProtocolError(f"answer for unknown chunk seq {seq} from {self.endpoint}")
         if error is None:
-            self._ledger.ack(chunk.transfer_id, chunk.blocks.nbytes, len(chunk.dst_block_ids), chunk.last)
+            num_blocks = len(chunk.dst_block_ids)
+            self._ledger.ack(chunk.transfer_id, num_blocks * self._layout.block_nbytes, num_blocks, chunk.last)
         else:
             self._ledger.fail(chunk.transfer_id, error)
 
@@ -176,7 +188,7 @@ class SenderConnection:
             if self._closed:
                 return
             self._closed = True
-            pending = list(self._in_flight.values())
+            pending: list[OutgoingChunk[Staged]] = list(self._in_flight.values())
             self._in_flight.clear()
             with contextlib.suppress(queue.Empty):
                 while True:

@@ -1,27 +1,24 @@
-"""Fixtures for the kv_transfer tests: small random pools, hook recorders, backends that close themselves."""
+"""Fixtures for the kv_transfer tests: small random pools, hook recorders, backends that close themselves.
+
+The `backend` fixture runs a test against every backend: in_process and tcp; cuda_ipc and nccl on GPUs (`gpu`
+marker; nccl needs two); and stand-ins that run the protocol of those two on host pools (cuda_ipc's same-process
+path, nccl's pair over gloo), so that it runs where no GPU is.
+"""
 
 from __future__ import annotations
 
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from kv_transfer import KVReceiver, KVSender, TransferState, TransportError, make_receiver, make_sender
+from kv_transfer import TransferState, TransportError
 from kv_transfer.in_process import InProcessReceiver
-
-BLOCK_SIZE = 4
-POOL_SHAPE = (2, 2, BLOCK_SIZE, 2, 8)  # num_layers, K/V, block_size, num_kv_heads, head_dim
-
-
-def random_pool(num_blocks: int, dtype: torch.dtype = torch.float32, seed: int = 0, head_dim: int = 8) -> torch.Tensor:
-    """A pool [num_blocks, 2 layers, K/V, block_size 4, 2 kv heads, head_dim] of random values."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn((num_blocks, *POOL_SHAPE[:-1], head_dim), generator=generator).to(dtype)
+from tests.kv_transfer.backends import BACKENDS, STAND_INS, Backend, open_backend
+from tests.kv_transfer.pools import BLOCK_SIZE, random_pool
 
 
 class HookRecorder:
@@ -36,53 +33,24 @@ class HookRecorder:
             self.calls.append((transfer_id, state))
             self._cond.notify_all()
 
-    def wait_for(self, count: int = 1, timeout_s: float = 2.0) -> list[tuple[str, TransferState]]:
+    def wait_for(self, count: int = 1, timeout_s: float = 10.0) -> list[tuple[str, TransferState]]:
         with self._cond:
             self._cond.wait_for(lambda: len(self.calls) >= count, timeout_s)
             return list(self.calls)
 
 
-class Backend:
-    """Builds senders and receivers of one backend and closes them all at teardown."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._opened: list[KVSender | KVReceiver] = []
-
-    def receiver(self, pool: torch.Tensor, **kwargs: Any) -> KVReceiver:
-        receiver = make_receiver(self.name, pool, BLOCK_SIZE, **kwargs)
-        self._opened.append(receiver)
-        return receiver
-
-    def sender(self, pool: torch.Tensor, **kwargs: Any) -> KVSender:
-        sender = make_sender(self.name, pool, BLOCK_SIZE, **kwargs)
-        self._opened.append(sender)
-        return sender
-
-    @staticmethod
-    def ship(
-        sender: KVSender, receiver: KVReceiver, transfer_id: str, chunks: list[tuple[list[int], list[int]]]
-    ) -> None:
-        """Send chunks (src ids, dst ids) in order, the last one marked last."""
-        for i, (src, dst) in enumerate(chunks):
-            sender.send(transfer_id, receiver.endpoint, receiver.layout, src, dst, last=i == len(chunks) - 1)
-
-    def close(self) -> None:
-        for opened in reversed(self._opened):
-            opened.close()
-
-
-@pytest.fixture(params=["in_process", "tcp"])
+@pytest.fixture(params=[*BACKENDS, *STAND_INS])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    built = Backend(request.param)
-    yield built
-    built.close()
+    yield from open_backend(request)
 
 
 @pytest.fixture
-def make_pool() -> Callable[..., torch.Tensor]:
-    """`random_pool(num_blocks, dtype=float32, seed=0, head_dim=8)`."""
-    return random_pool
+def make_pool(request: pytest.FixtureRequest) -> Callable[..., torch.Tensor]:
+    """`random_pool(num_blocks, dtype=float32, seed=0, head_dim=8)`, on the receiver's device of the test's backend."""
+    if "backend" not in request.fixturenames:
+        return random_pool
+    device = request.getfixturevalue("backend").receiver_device
+    return lambda *args, **kwargs: random_pool(*args, **kwargs).to(device)
 
 
 @pytest.fixture
@@ -112,7 +80,7 @@ class _StuckReceiver(InProcessReceiver):
 @pytest.fixture
 def silent_endpoint(backend: Backend) -> Iterator[str]:
     """An endpoint of the backend that takes chunks but never acks (layout: `random_pool`'s)."""
-    if backend.name == "tcp":
+    if backend.name != "in_process":
         # NOTE: it listens but never accepts, so the kernel completes connect() and the handshake gets no answer.
         with socket.create_server(("127.0.0.1", 0)) as listener:
             yield f"127.0.0.1:{listener.getsockname()[1]}"

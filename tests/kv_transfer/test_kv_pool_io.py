@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from kv_transfer.pool_io import HostBlockSink, StagedBlockSink, gather_blocks, pool_bytes
+from kv_transfer.pool_io import HostBlockSink, StagedBlockSink, gather_blocks, pool_bytes, start_gather_to_host
 
 
 def _pool() -> torch.Tensor:
@@ -25,6 +26,14 @@ def test_gather_copies_the_rows_in_order() -> None:
     gathered = gather_blocks(pool_bytes(pool), [3, 0])
     pool.zero_()
     assert gathered.view("float32")[:, 0].tolist() == [48.0, 0.0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gather_to_host_captures_the_blocks_when_started(device: str) -> None:
+    pool = _pool().to(device)
+    started = start_gather_to_host(pool_bytes(pool), [3, 0])
+    pool.zero_()  # queued after the copy: the blocks as they were when the gather started come back
+    assert started.wait().view("float32")[:, 0].tolist() == [48.0, 0.0]
 
 
 def test_host_sink_buffers_are_the_blocks() -> None:

@@ -26,13 +26,25 @@ def test_unknown_backend_names_the_flag_and_the_choices() -> None:
         with pytest.raises(InvalidArgumentError) as raised:
             make("rdma", pool, 4)
         assert raised.value.field == "kv_transfer_backend"
-        assert "'rdma'" in str(raised.value) and "('tcp', 'in_process')" in str(raised.value)
+        assert "'rdma'" in str(raised.value) and "('tcp', 'cuda_ipc', 'nccl', 'in_process')" in str(raised.value)
+
+
+@pytest.mark.parametrize("backend", ["cuda_ipc", "nccl"])
+def test_device_backends_refuse_host_pools_by_the_flag(backend: str) -> None:
+    pool = torch.zeros(4, 1, 2, 4, 1, 2)
+    for make in (make_sender, make_receiver):
+        with pytest.raises(InvalidArgumentError) as raised:
+            make(backend, pool, 4)
+        assert raised.value.field == "kv_transfer_backend"
+        assert f"{backend!r} moves KV between GPU pools" in str(raised.value) and "'tcp'" in str(raised.value)
 
 
 def test_config_validates_its_fields() -> None:
+    for backend in ("tcp", "cuda_ipc", "nccl", "in_process"):
+        assert KVTransferConfig(backend=backend).backend == backend
     assert KVTransferConfig().backend == "tcp"
     with pytest.raises(InvalidArgumentError, match="kv_transfer_backend"):
-        KVTransferConfig(backend="nccl")
+        KVTransferConfig(backend="rdma")
     with pytest.raises(InvalidArgumentError, match="kv_transfer_port"):
         KVTransferConfig(port=70000)
     with pytest.raises(InvalidArgumentError, match="kv_transfer_lease_s"):

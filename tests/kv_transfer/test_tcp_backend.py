@@ -13,7 +13,7 @@ import torch
 from kv_transfer import KVLayout, TransferState
 from kv_transfer.tcp import TcpReceiver, TcpSender
 from kv_transfer.tcp.address import format_endpoint, parse_endpoint
-from kv_transfer.tcp.frames import FrameHead, FrameType, encode_json_frame, read_head, read_json
+from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, read_head, read_json
 
 if TYPE_CHECKING:
     from conftest import HookRecorder
@@ -32,7 +32,7 @@ def receiver(make_pool: PoolMaker, released: HookRecorder) -> Iterator[TcpReceiv
 def _connect(endpoint: str, layout: KVLayout) -> socket.socket:
     """A raw client that has done the handshake."""
     sock = socket.create_connection(parse_endpoint(endpoint), timeout=2.0)
-    sock.sendall(encode_json_frame(FrameType.HELLO, {"layout": layout.to_dict()}))
+    sock.sendall(Hello("tcp", layout, {}).encode())
     head = read_head(sock, lambda: False)
     assert head.kind is FrameType.HELLO
     read_json(sock, head, lambda: False)

@@ -17,10 +17,11 @@ if TYPE_CHECKING:
 
 PoolMaker = Callable[..., torch.Tensor]
 LEASE_S = 0.3
+WAIT_S = 10.0  # an upper bound: a first nccl contact builds a communicator
 S = TransferState
 
 
-def _eventually(predicate: Callable[[], bool], timeout_s: float = 2.0) -> bool:
+def _eventually(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not (holds := predicate()) and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -39,8 +40,8 @@ def test_chunks_land_bit_exact_at_their_ids_and_nothing_else_changes(
 
     backend.ship(sender, receiver, "t1", [([3, 0], [7, 2]), ([8, 5], [9, 4]), ([6], [0])])
 
-    assert sender.wait("t1", 2.0) is S.DONE
-    assert receiver.wait("t1", 2.0) is S.DONE
+    assert sender.wait("t1", WAIT_S) is S.DONE
+    assert receiver.wait("t1", WAIT_S) is S.DONE
     assert torch.equal(dst[[7, 2, 9, 4, 0]].view(torch.uint8), src[[3, 0, 8, 5, 6]].view(torch.uint8))
     untouched = [b for b in range(12) if b not in (7, 2, 9, 4, 0)]
     assert torch.equal(dst[untouched].view(torch.uint8), before[untouched].view(torch.uint8))
@@ -68,8 +69,8 @@ def test_states_go_reserved_transferring_done(backend: Backend, make_pool: PoolM
     assert sender.state("t1") is S.TRANSFERRING
 
     sender.send("t1", receiver.endpoint, receiver.layout, [1], [2], last=True)
-    assert sender.wait("t1", 2.0) is S.DONE
-    assert receiver.wait("t1", 2.0) is S.DONE
+    assert sender.wait("t1", WAIT_S) is S.DONE
+    assert receiver.wait("t1", WAIT_S) is S.DONE
 
 
 def test_handshake_layout_mismatch_fails_before_any_byte(
@@ -84,7 +85,7 @@ def test_handshake_layout_mismatch_fails_before_any_byte(
     # The announced layout is (wrongly) the sender's own, so only the handshake can catch the mismatch.
     sender.send("t1", receiver.endpoint, sender.layout, [0], [3], last=True)
 
-    assert sender.wait("t1", 2.0) is S.FAILED
+    assert sender.wait("t1", WAIT_S) is S.FAILED
     error = sender.stats("t1").error
     assert isinstance(error, LayoutMismatchError) and error.fields == ("head_dim",)
     assert finished.wait_for(1) == [("t1", S.FAILED)]
@@ -115,11 +116,12 @@ def test_claim_of_done_transfer_drops_the_record(
 ) -> None:
     receiver = backend.receiver(make_pool(8, seed=2), on_released=released)
     sender = backend.sender(make_pool(8, seed=1))
+    backend.warm_up(sender, receiver, 7)
     receiver.expect("t1", [1, 2], lease_s=LEASE_S)
     with pytest.raises(TransferStateError):
         receiver.claim("t1")
     backend.ship(sender, receiver, "t1", [([0, 1], [1, 2])])
-    assert receiver.wait("t1", 2.0) is S.DONE
+    assert receiver.wait("t1", WAIT_S) is S.DONE
 
     receiver.claim("t1")
 
@@ -159,7 +161,7 @@ def test_concurrent_transfers_from_two_senders_do_not_interleave(backend: Backen
         thread.join()
 
     for tid, (s, src_ids, dst_ids) in plan.items():
-        assert senders[s].wait(tid, 2.0) is S.DONE
-        assert receiver.wait(tid, 2.0) is S.DONE
+        assert senders[s].wait(tid, WAIT_S) is S.DONE
+        assert receiver.wait(tid, WAIT_S) is S.DONE
         assert torch.equal(dst[dst_ids], sources[s][src_ids])
         assert senders[s].stats(tid).num_bytes == 6 * 256 * 4

@@ -6,10 +6,12 @@ import pytest
 
 from common.errors import InvalidArgumentError
 from engine.sampling_params import SamplingParams
+from kv_transfer.config import BACKENDS
 from kv_transfer.layout import KVLayout
 from pdserve.v1 import kv_transfer_pb2, sampling_pb2
 from prefill_service.convert import (
     backend_from_pb,
+    backend_to_pb,
     kv_layout_from_pb,
     kv_layout_to_pb,
     prefill_event_to_pb,
@@ -80,7 +82,9 @@ def test_layout_round_trip_and_bad_layouts() -> None:
 
 
 def test_backend_names() -> None:
-    assert backend_from_pb(kv_transfer_pb2.TRANSFER_BACKEND_TCP, "f") == "tcp"
+    for name in BACKENDS:  # every backend a decode pod can announce maps to the wire and back
+        assert backend_from_pb(backend_to_pb(name), "f") == name
+    assert backend_to_pb("cuda_ipc") == kv_transfer_pb2.TRANSFER_BACKEND_CUDA_IPC
     with pytest.raises(InvalidArgumentError) as error:
         backend_from_pb(kv_transfer_pb2.TRANSFER_BACKEND_UNSPECIFIED, "kv_target.backend")
     assert error.value.field == "kv_target.backend"

@@ -1,0 +1,86 @@
+"""The cuda_ipc backend's receiver: its data plane maps each sender's pool once and copies the named blocks out of
+it, GPU to GPU."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from kv_transfer.copy_stream import CopyStream, make_copy_stream
+from kv_transfer.cuda_ipc import local_pools
+from kv_transfer.cuda_ipc.pool_handle import PoolHandle
+from kv_transfer.pool_io import block_index, pool_words, row_words
+from kv_transfer.state import ProtocolError, TransportError
+from kv_transfer.tcp.data_plane import ReceiverLink, ReceiverPlane
+from kv_transfer.tcp.frames import FrameHead, KeepWaiting
+from kv_transfer.tcp.socket_receiver import SocketReceiver
+
+
+class _GatherLink(ReceiverLink):
+    """Lands a chunk with one gather out of the sender's pool and one scatter into this pool, on its own stream."""
+
+    def __init__(self, source: torch.Tensor, words: torch.Tensor) -> None:
+        self._source = source
+        self._words = words
+        self._stream: CopyStream = make_copy_stream(words.device)
+
+    def check(self, head: FrameHead) -> None:
+        if head.payload_nbytes or len(head.src_block_ids) != len(head.block_ids):
+            raise ProtocolError(
+                f"a cuda_ipc chunk names one source block per destination block and carries no payload; got "
+                f"{len(head.src_block_ids)} sources, {len(head.block_ids)} destinations, {head.payload_nbytes} bytes"
+            )
+        if max(head.src_block_ids, default=0) >= self._source.shape[0]:
+            raise ProtocolError(f"source block ids {list(head.src_block_ids)} outside the sender's pool")
+
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+        with self._stream.activate():
+            blocks = self._source.index_select(0, block_index(head.src_block_ids, self._source.device))
+            self._words.index_copy_(0, block_index(head.block_ids, self._words.device), blocks.to(self._words.device))
+        self._stream.synchronize()
+
+    def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+        """Nothing to drain: the bytes never left the sender's pool."""
+
+
+class CudaIpcReceiverPlane(ReceiverPlane):
+    """Maps a sender's pool at its first connection and shares the mapping with its later ones; the mapping goes
+    when the last of them closes."""
+
+    backend = "cuda_ipc"
+
+    def __init__(self, pool: torch.Tensor) -> None:
+        self._words = pool_words(pool)
+        self._lock = threading.Lock()
+        # NOTE: the links hold the mapped pools (as words); a mapping lives as long as one of them does.
+        self._mapped: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def accept(self, hello: dict[str, Any]) -> ReceiverLink:
+        process, key, handle = hello.get("process"), hello.get("pool"), hello.get("handle")
+        if not isinstance(process, str) or not isinstance(key, str):
+            raise ProtocolError(f"a cuda_ipc HELLO names the sender's process and pool, got {sorted(hello)}")
+        with self._lock:
+            source = self._mapped.get(key)
+            if source is None:
+                rows = local_pools.lookup(key) if process == local_pools.process_id() else self._open(handle)
+                source = self._mapped[key] = row_words(rows)
+        return _GatherLink(source, self._words)
+
+    def _open(self, handle: Any) -> torch.Tensor:
+        if handle is None:
+            raise TransportError("the cuda_ipc sender's pool is not on a GPU: there is nothing to map")
+        try:
+            return PoolHandle.from_dict(handle).open(self._words.device)
+        except RuntimeError as error:
+            raise TransportError(f"cannot map the sender's pool over CUDA IPC: {error}") from None
+
+
+class CudaIpcReceiver(SocketReceiver):
+    """Receives chunks into a GPU `pool` by copying them out of the senders' pools (see the package)."""
+
+    def _make_plane(self, pool: torch.Tensor, host: str) -> ReceiverPlane:
+        return CudaIpcReceiverPlane(pool)

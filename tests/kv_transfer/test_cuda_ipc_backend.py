@@ -1,0 +1,102 @@
+"""What only cuda_ipc has: its pool handle, the receiver's checks of a sender, and its chunks' source ids."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from kv_transfer import TransferState, TransportError
+from kv_transfer.cuda_ipc import CudaIpcReceiver
+from kv_transfer.cuda_ipc.pool_handle import PoolHandle
+from kv_transfer.cuda_ipc.sender import CudaIpcSenderPlane
+from kv_transfer.state import ProtocolError
+from kv_transfer.tcp.address import parse_endpoint
+from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
+from tests.kv_transfer.pools import BLOCK_SIZE
+
+PoolMaker = Callable[..., torch.Tensor]
+S = TransferState
+HANDLE = PoolHandle(b"\x00ipc\xff", 1 << 20, 4096, 512, 8, 1024, b"/torch_1_2", 3, b"event", True)
+
+
+@pytest.fixture
+def receiver(make_pool: PoolMaker) -> Iterator[CudaIpcReceiver]:
+    with CudaIpcReceiver(make_pool(8, seed=2), BLOCK_SIZE) as built:
+        yield built
+
+
+def _hello(receiver: CudaIpcReceiver, plane: dict[str, Any]) -> tuple[socket.socket, FrameHead]:
+    sock = socket.create_connection(parse_endpoint(receiver.endpoint), timeout=2.0)
+    sock.sendall(Hello("cuda_ipc", receiver.layout, plane).encode())
+    return sock, read_head(sock, lambda: False)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_pool_handle_round_trips_through_json() -> None:
+    assert PoolHandle.from_dict(json.loads(json.dumps(HANDLE.to_dict()))) == HANDLE
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"ipc_handle": "not base64!"},
+        {"num_blocks": -1},
+        {"num_blocks": 2000},  # rows past the storage
+        {"extra": 1},
+    ],
+)
+def test_pool_handle_rejects_what_it_cannot_map(change: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError):
+        PoolHandle.from_dict(HANDLE.to_dict() | change)
+
+
+def test_a_sender_elsewhere_with_a_host_pool_is_refused(receiver: CudaIpcReceiver) -> None:
+    sock, head = _hello(receiver, {"process": "another-process", "pool": "p", "handle": None})
+    with sock:
+        assert head.kind is FrameType.ERROR
+        error = read_error(sock, head, lambda: False)
+        assert isinstance(error, TransportError) and "not on a GPU" in str(error)
+
+
+def test_a_sender_of_this_process_that_closed_is_refused(receiver: CudaIpcReceiver, make_pool: PoolMaker) -> None:
+    plane = CudaIpcSenderPlane(make_pool(8, seed=1))
+    hello = plane.hello()
+    plane.close()
+    sock, head = _hello(receiver, hello)
+    with sock:
+        assert head.kind is FrameType.ERROR
+        assert "its sender closed" in str(read_error(sock, head, lambda: False))
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        FrameHead(FrameType.CHUNK, 0, "t1", (1,), True, 0, (8,)),  # outside the sender's pool of 8
+        FrameHead(FrameType.CHUNK, 0, "t1", (1,), True, 0, ()),  # no source
+        FrameHead(FrameType.CHUNK, 0, "t1", (1,), True, 16, (0,)),  # a payload
+    ],
+)
+def test_a_chunk_that_does_not_fit_closes_the_connection_unwritten(
+    receiver: CudaIpcReceiver, make_pool: PoolMaker, chunk: FrameHead
+) -> None:
+    plane = CudaIpcSenderPlane(make_pool(8, seed=1))
+    receiver.expect("t1", [1], lease_s=5.0)
+    sock, head = _hello(receiver, plane.hello())
+    with sock:
+        assert head.kind is FrameType.HELLO
+        read_hello(sock, head, lambda: False)
+        sock.sendall(chunk.encode())
+        assert _closed_by_peer(sock)
+    assert receiver.state("t1") is S.RESERVED
+    plane.close()
