@@ -3,7 +3,7 @@
 pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100]
            [--otlp-endpoint URL] [pod flags ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
-pdserve bench --workload w1|w2|w3|w4 [--model-shape qwen3-8b] [--baseline transformers]
+pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
 """
 
@@ -33,7 +33,10 @@ _SERVICE_MAINS = {
     "router": ("router.__main__", "the public router (GenerationService)"),
     "prefill": ("prefill_service.__main__", "one prefill pod"),
     "decode": ("decode_service.__main__", "one decode pod"),
-    "bench": ("engine.benchmark.__main__", "the offline benchmark workloads W1-W4 (engine in-process)"),
+    "bench": (
+        "engine.benchmark.__main__",
+        "the benchmark workloads: offline, KV transfer, online",
+    ),
 }
 _UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode"}
 _NO_METRICS = -1
@@ -67,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=50051, help="the router's port (default: 50051)")
     up.add_argument("--redis-url", help="use this Redis instead of starting a throwaway redis-server")
     up.add_argument("--model", default=DEFAULT_MODEL, help=f"model of every pod (default: {DEFAULT_MODEL})")
-    up.add_argument("--kv-transfer-backend", default="tcp", help="tcp or in_process (default: tcp)")
+    up.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc, nccl or in_process (default: tcp)")
     up.add_argument("--registry-refresh-s", type=float, default=1.0, help="router's pod discovery period")
     up.add_argument("--log-dir", type=Path, help="folder of the processes' logs (default: a new temp folder)")
     up.add_argument("--startup-timeout-s", type=float, default=600.0, help="give up if not serving by then")

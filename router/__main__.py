@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc.aio
 
@@ -76,8 +77,11 @@ async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: Telemet
     metrics_port = metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
     if metrics_port is not None:
         logger.info("metrics on http://%s:%d/metrics", telemetry.metrics_host, metrics_port)
-    tokenizer_pool = TokenizerPool(folder, config.tokenizer_pool_size, metrics.observe_tokenizer_queue_time)
-    tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, folder), tokenizer_pool.start())
+    tokenizer_folder = folder
+    if config.tokenizer is not None:
+        tokenizer_folder = await asyncio.to_thread(resolve_tokenizer, config.tokenizer)
+    tokenizer_pool = TokenizerPool(tokenizer_folder, config.tokenizer_pool_size, metrics.observe_tokenizer_queue_time)
+    tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, tokenizer_folder), tokenizer_pool.start())
     registry = PodRegistry(config.redis_url)
     directory = PrefixDirectory(config.redis_url)
     load = PodLoad()
@@ -112,6 +116,14 @@ async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: Telemet
         await registry.aclose()
         await tracing.aclose()
         metrics.close()
+
+
+def resolve_tokenizer(name: str) -> Path:
+    """The folder of `--tokenizer`: a folder holding tokenizer.json as it is, else a model name (`resolve_model`)."""
+    path = Path(name).expanduser()
+    if (path / "tokenizer.json").is_file():
+        return path
+    return resolve_model(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

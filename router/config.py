@@ -25,12 +25,18 @@ class RouterConfig:
         default=DEFAULT_MODEL,
         metadata=doc("model folder or alias: the tokenizer, and the model id pods must be started with"),
     )
+    tokenizer: str | None = field(
+        default=None,
+        metadata=doc("folder with tokenizer.json, or a model alias, to tokenize with; default: the model's own "
+                     "(needed for config-only models such as shape:qwen3-8b)"),
+    )  # fmt: skip
     tokenizer_pool_size: int = field(default=2, metadata=doc("tokenizer worker processes"))
     block_size: int = field(default=16, metadata=doc("tokens per KV block; must equal the pods' --block-size"))
     registry_refresh_s: float = field(default=1.0, metadata=doc("how often the live pod list is re-read"))
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+        _require(self.tokenizer is None or bool(self.tokenizer), "tokenizer", "must not be empty")
         _require(self.tokenizer_pool_size >= 1, "tokenizer_pool_size", f"must be >= 1, got {self.tokenizer_pool_size}")
         _require(
             self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,

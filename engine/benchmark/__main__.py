@@ -1,101 +1,48 @@
-"""`python -m engine.benchmark` (also `pdserve bench`): offline workloads W1-W4 with their limits."""
+"""`pdserve bench` (also `python -m engine.benchmark`): the workloads of BENCHMARKS.md.
+
+Offline, with the engine in this process: w1 decode-bs1, w2 ttft, w3 nano, w4 grid, and idle (GPU idle time
+between decode steps). w6: KV transfer between two processes over tcp, cuda_ipc or nccl. Online, through the
+router of a real cluster: w2online (router TTFT vs the colocated engine), w5, w7, w8, w9.
+`pdserve bench --workload NAME --help` lists that workload's flags. The figures are printed as JSON (--json:
+also written to a file).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
 from typing import Any
 
-import torch
-
-from engine.benchmark.baseline import hf_model_with_weights, run_transformers
-from engine.benchmark.limits import decode_bytes_per_step, measure_limits, prefill_flops
-from engine.benchmark.offline import run_workload, warm_up
-from engine.benchmark.workloads import make_workload
-from engine.llm import engine_config
-from engine.llm_engine import LLMEngine
-from engine.models.shapes import SHAPE_PREFIX
+# NOTE: module names, imported once the workload is known: the online workloads need the services' packages (grpc
+# health, redis), which a GPU machine running only the offline ones may lack.
+WORKLOAD_MODULES: dict[str, str] = (
+    dict.fromkeys(("w1", "w2", "w3", "w4", "idle"), "engine.benchmark.offline_cli")
+    | {"w6": "engine.benchmark.kv_transfer"}
+    | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9"), "engine.benchmark.online")
+)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pdserve bench", description=__doc__)
-    p.add_argument("--workload", choices=["w1", "w2", "w3", "w4"], required=True)
-    model = p.add_mutually_exclusive_group()
-    model.add_argument("--model", default=None, help="model folder or alias (real weights)")
-    model.add_argument("--model-shape", default=None, help="random bf16 weights of a named shape, e.g. qwen3-8b")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
-    p.add_argument("--input-len", type=int, default=None)
-    p.add_argument("--output-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--baseline", choices=["none", "transformers"], default="none")
-    p.add_argument("--baseline-batch-size", type=int, default=64)
-    p.add_argument("--json", default=None, help="also write the figures to this file")
-    return p.parse_args(argv)
-
-
-def build_engine(args: argparse.Namespace) -> LLMEngine:
-    kwargs: dict[str, Any] = {
-        "dtype": args.dtype,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-    }
-    if args.num_blocks is not None:
-        kwargs["num_blocks"] = args.num_blocks
-    if args.model_shape:
-        return LLMEngine(engine_config(SHAPE_PREFIX + args.model_shape, load_format="dummy", **kwargs))
-    return LLMEngine(engine_config(args.model or "smollm2-135m", **kwargs))
-
-
-def limit_ratios(engine: LLMEngine, args: argparse.Namespace, summary: dict[str, float]) -> dict[str, float]:
-    """W1: TPOT over the batch-1 decode floor; W2: prefill MFU against the measured matmul peak."""
-    if engine.runner.device.type != "cuda":
-        return {}
-    limits = measure_limits(engine.runner.dtype)
-    out = {"copy_bandwidth_gb_s": limits.copy_bandwidth_gb_s, "matmul_tflops": limits.matmul_tflops}
-    arch, model = engine.runner.arch, engine.runner.model
-    if args.workload == "w1":
-        kv_per_token = engine.runner.block_nbytes // engine.info.block_size
-        context = (args.input_len or 128) + (args.output_len or 512) // 2
-        floor_ms = decode_bytes_per_step(model, kv_per_token, context) / (limits.copy_bandwidth_gb_s * 1e9) * 1e3
-        out |= {"decode_floor_ms": floor_ms, "tpot_over_floor": summary["tpot_ms_p50"] / floor_ms}
-    if args.workload == "w2":
-        params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
-        flops = prefill_flops(params, arch.num_layers, arch.num_heads, arch.head_dim, args.input_len or 2048)
-        out |= {"prefill_tflops": flops / (summary["ttft_ms_p50"] / 1e3) / 1e12}
-        out["prefill_mfu"] = out["prefill_tflops"] / limits.matmul_tflops
-    return out
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Any]:
+    """The workload's flags, known once --workload is: each workload module adds its own."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--workload", choices=list(WORKLOAD_MODULES))
+    known, _ = pre.parse_known_args(argv)
+    parser = argparse.ArgumentParser(prog="pdserve bench", description=__doc__)
+    parser.add_argument("--workload", choices=list(WORKLOAD_MODULES), required=True)
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    module = importlib.import_module(WORKLOAD_MODULES[known.workload]) if known.workload else None
+    if module is not None:
+        module.add_arguments(parser)
+    return parser.parse_args(argv), module
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    engine = build_engine(args)
-    default_n = {"w1": 5, "w2": 5, "w3": 256, "w4": 64}[args.workload]
-    workload = make_workload(
-        args.workload, engine.info.vocab_size, args.num_prompts or default_n, args.input_len, args.output_len
-    )
-    warm_up(engine, engine.info.vocab_size)
-    summary = run_workload(engine, workload).summary()
-    result: dict[str, Any] = {
-        "workload": workload.name,
-        "device": engine.info.device,
-        "dtype": engine.info.dtype,
-        "model": engine.info.model_id,
-        "engine": summary,
-    }
-    if engine.runner.device.type == "cuda":
-        result["device_name"] = torch.cuda.get_device_name()
-    result["limits"] = limit_ratios(engine, args, summary)
-    if args.baseline == "transformers":
-        hf = hf_model_with_weights(str(engine.model_path), engine.runner.model)
-        batch = 1 if workload.sequential else args.baseline_batch_size
-        result["transformers"] = run_transformers(hf, workload, batch)
-        result["speedup_vs_transformers"] = summary["output_tok_per_s"] / result["transformers"]["output_tok_per_s"]
+    args, module = parse_args(argv)
+    result = module.run(args)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

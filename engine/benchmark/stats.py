@@ -57,6 +57,32 @@ class RunStats:
             "output_tok_per_s": sum(len(t.token_times) for t in self.timings) / self.duration_s,
         }
         for name, values in (("ttft_ms", ttfts), ("tpot_ms", tpots), ("itl_ms", itls), ("e2e_ms", e2es)):
-            for q in (50, 90, 99):
-                out[f"{name}_p{q}"] = percentile(values, q) * 1000
+            out |= percentiles_ms(name, values)
         return out
+
+
+def percentiles_ms(name: str, values_s: list[float]) -> dict[str, float]:
+    """`{name}_p50`, `_p90`, `_p99` of durations given in seconds, in milliseconds."""
+    return {f"{name}_p{q}": percentile(values_s, q) * 1000 for q in (50, 90, 99)}
+
+
+def slo_attainment(timings: list[RequestTiming], num_failed: int, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """Fraction of requests whose TTFT and TPOT (when it has one) both meet the SLO; failed requests miss it."""
+    met = sum(t.ttft <= ttft_slo_s and (t.tpot is None or t.tpot <= tpot_slo_s) for t in timings)
+    total = len(timings) + num_failed
+    return met / total if total else float("nan")
+
+
+def max_rate_meeting(rates: list[float], attainments: list[float], target: float) -> dict[str, float | None]:
+    """Goodput of a rate sweep (rates ascending): the highest swept rate whose attainment >= target, and the
+    rate where attainment crosses the target, linearly interpolated between the last passing and the next
+    failing rate (the passing rate itself when no rate failed after it). None when no rate passed."""
+    passing = [i for i, a in enumerate(attainments) if a >= target]
+    if not passing:
+        return {"max_rate": None, "interpolated_rate": None}
+    last = passing[-1]
+    crossing = rates[last]
+    if last + 1 < len(rates):
+        a0, a1 = attainments[last], attainments[last + 1]
+        crossing += (rates[last + 1] - rates[last]) * (a0 - target) / (a0 - a1)
+    return {"max_rate": rates[last], "interpolated_rate": crossing}

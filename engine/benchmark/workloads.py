@@ -54,3 +54,34 @@ def make_workload(
             False,
         )
     raise ValueError(f"unknown offline workload {name!r}; choose w1, w2, w3 or w4")
+
+
+def fixed_requests(
+    vocab_size: int, num_requests: int, input_len: int, output_len: int, seed: int | str
+) -> list[RequestSpec]:
+    """`num_requests` random prompts of `input_len` tokens, each asking for `output_len` tokens (W2, W7, W8)."""
+    rng = random.Random(seed)
+    return [RequestSpec(_prompt(rng, input_len, vocab_size), output_len) for _ in range(num_requests)]
+
+
+def mixed_requests(
+    vocab_size: int, num_requests: int, mean_input_len: int, mean_output_len: int, seed: int | str
+) -> list[RequestSpec]:
+    """W5: prompt and output lengths drawn uniformly from [mean / 2, 3 * mean / 2] (means ~200 / ~180)."""
+    rng = random.Random(seed)
+    return [
+        RequestSpec(
+            _prompt(rng, rng.randint(mean_input_len // 2, mean_input_len * 3 // 2), vocab_size),
+            max(1, rng.randint(mean_output_len // 2, mean_output_len * 3 // 2)),
+        )
+        for _ in range(num_requests)
+    ]
+
+
+def shared_prefix_requests(
+    vocab_size: int, num_requests: int, prefix_len: int, suffix_len: int, output_len: int, seed: int | str
+) -> list[RequestSpec]:
+    """W9: one random `prefix_len`-token system prompt, each request adding `suffix_len` tokens of its own."""
+    rng = random.Random(seed)
+    prefix = _prompt(rng, prefix_len, vocab_size)
+    return [RequestSpec(prefix + _prompt(rng, suffix_len, vocab_size), output_len) for _ in range(num_requests)]

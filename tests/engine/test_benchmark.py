@@ -63,3 +63,12 @@ def test_bench_cli_on_tiny_shape(tmp_path: Path) -> None:
     assert result["engine"]["output_tok_per_s"] * result["engine"]["duration_s"] == pytest.approx(24)
     assert result["transformers"]["output_tok_per_s"] > 0
     assert result["limits"] == {}  # no GPU: no physical limits to compare against
+
+
+def test_every_workload_dispatches_to_the_module_that_runs_it() -> None:
+    from engine.benchmark import offline_cli, online
+    from engine.benchmark.__main__ import WORKLOAD_MODULES
+
+    assert {w for w, m in WORKLOAD_MODULES.items() if m == "engine.benchmark.offline_cli"} == set(offline_cli.WORKLOADS)
+    assert {w for w, m in WORKLOAD_MODULES.items() if m == "engine.benchmark.online"} == set(online.WORKLOADS)
+    assert WORKLOAD_MODULES["w6"] == "engine.benchmark.kv_transfer"

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run HERE, once, on a Debian/Ubuntu x86-64 machine with network access: fills .whl/ (git-ignored) with what the
+# GPU machine lacks to run a pdserve cluster there (router, pods, Redis, the online benchmarks):
+#   - pinned wheels for CPython 3.12, no dependencies resolved (each pin's needs are pinned here too);
+#   - Debian's redis-server as .deb packages, plus the packages of every shared library it links beyond glibc and
+#     the C++ runtime (found with ldd here), so that it runs whatever the GPU machine's distribution holds.
+# There, at the start of each command: `source scripts/device_env.sh` (with `.whl` in the run's carry list).
+#
+# Environment: WHEEL_DIR (default .whl).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+DEST="${WHEEL_DIR:-.whl}"
+
+# NOTE: the GPU machine has grpcio 1.84 and an unknown protobuf. The generated pdserve/v1 code (grpcio-tools 1.84,
+# protoc 7.35.1) needs protobuf >= 7.35.1 at run time, and grpcio-health-checking/-reflection 1.84 need the same,
+# so protobuf travels too (first on PYTHONPATH, it shadows the machine's own). The grpcio-* helpers are pinned to
+# 1.84.0: each refuses to import under a grpcio older than itself. opentelemetry's exporters are all imported by
+# common/telemetry.py at start-up, tracing on or off.
+WHEELS=(
+  protobuf==7.36.2
+  googleapis-common-protos==1.76.0
+  grpcio-health-checking==1.84.0
+  grpcio-reflection==1.84.0
+  grpcio-status==1.84.0
+  redis==8.1.0
+  opentelemetry-api==1.45.2
+  opentelemetry-sdk==1.45.2
+  opentelemetry-semantic-conventions==0.66b2
+  opentelemetry-proto==1.45.2
+  opentelemetry-exporter-otlp-proto-common==1.45.2
+  opentelemetry-exporter-otlp-common==0.66b2
+  opentelemetry-exporter-http-transport==0.66b2
+  opentelemetry-exporter-otlp-proto-grpc==1.45.2
+  opentelemetry-exporter-otlp-proto-http==1.45.2
+)
+# Libraries every Linux with a C++ toolchain has (and newer than Debian 12's): not carried.
+BASE_PACKAGES="libc6 libstdc++6 libgcc-s1"
+
+rm -rf "$DEST"
+mkdir -p "$DEST"
+echo "==> wheels into $DEST"
+python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$DEST" "${WHEELS[@]}"
+
+echo "==> redis-server and the packages of the libraries it links"
+workdir="$(mktemp -d)"
+trap 'rm -rf "$workdir"' EXIT
+(cd "$workdir" && apt-get download -qq redis-server redis-tools 2>/dev/null)
+mkdir -p "$workdir/root"
+for deb in "$workdir"/*.deb; do dpkg-deb -x "$deb" "$workdir/root"; done
+# The package that holds a library (by file name: on merged-/usr systems its path may be /lib or /usr/lib).
+owner() { dpkg -S "*/$(basename "$1")" 2>/dev/null | head -n1 | cut -d: -f1; }
+linked() { ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'; }
+packages=()
+for lib in $(linked "$workdir/root/usr/bin/redis-check-rdb"); do
+  package="$(owner "$lib")"
+  [[ -n "$package" ]] || { echo "no package holds $lib" >&2; exit 1; }
+  [[ " $BASE_PACKAGES " == *" $package "* ]] || packages+=("$package")
+done
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+echo "    linked beyond the base: ${packages[*]}"
+(cd "$workdir" && apt-get download -qq "${packages[@]}" 2>/dev/null)
+# NOTE: plain names (apt's file names carry the epoch as %3a).
+for deb in "$workdir"/*.deb; do
+  name="$(dpkg-deb -f "$deb" Package)"
+  cp "$deb" "$DEST/$name.deb"
+done
+
+# Check: with only the carried libraries on LD_LIBRARY_PATH, nothing but the base resolves from this system.
+for deb in "$DEST"/*.deb; do dpkg-deb -x "$deb" "$workdir/carried"; done
+libpath="$workdir/carried/usr/lib/x86_64-linux-gnu:$workdir/carried/lib/x86_64-linux-gnu"
+for lib in $(LD_LIBRARY_PATH="$libpath" linked "$workdir/carried/usr/bin/redis-check-rdb"); do
+  [[ "$lib" == "$workdir/carried/"* || " $BASE_PACKAGES " == *" $(owner "$lib") "* ]] \
+    || { echo "not carried: $lib" >&2; exit 1; }
+done
+LD_LIBRARY_PATH="$libpath" "$workdir/carried/usr/bin/redis-server" --version
+
+ls -l "$DEST"
+du -sh "$DEST"
