@@ -53,7 +53,7 @@ w6() {  # w6 NAME LIMIT_S [VAR=VALUE...] FLAGS...: the JSON in $OUT/NAME.json, p
         vars+=("$1")
         shift
     done
-    step "$name" "$limit" "$OUT/$name.json" env "${vars[@]}" python3 -m engine.benchmark.kv_transfer "$@"
+    step "$name" "$limit" "$OUT/$name.json" env "${vars[@]}" python3 -m engine.benchmark --workload w6 "$@"
 }
 
 pytest_gpu() {  # pytest_gpu NAME LIMIT_S PYTEST_ARGS...

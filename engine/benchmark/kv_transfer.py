@@ -11,11 +11,9 @@ before each one; both sides checksum their blocks, and every checksum must match
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import multiprocessing
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from engine.benchmark.limits import DeviceLimits, measure_limits
 from engine.benchmark.stats import percentile
 from engine.config import CacheConfig
 from engine.models.shapes import MODEL_SHAPES
@@ -266,6 +265,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 logger.info("W6 %s %d tokens: %s", backend, tokens, results[-1])
         finally:
             sender.close()
+    limits = _receiver_limits(receiver_device)
+    if limits is not None:
+        # NOTE: the copy figure counts bytes read plus written; a transfer's payload is the bytes moved once.
+        for result in results:
+            result["fraction_of_device_copy"] = result["gb_per_s"] / (limits.copy_bandwidth_gb_s / 2)
     return {
         "workload": "w6 kv-transfer",
         "backend": backend,
@@ -280,18 +284,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sender_device_name": sender.device_name,
         "receiver_device": str(receiver_device),
         "receiver_device_name": _device_name(receiver_device),
+        "receiver_copy_bandwidth_gb_s": None if limits is None else limits.copy_bandwidth_gb_s,
         "sizes": results,
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.benchmark.kv_transfer [flags]`: run W6 and print its JSON."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m engine.benchmark.kv_transfer", description=__doc__)
-    add_arguments(parser)
-    print(json.dumps(run(parser.parse_args(argv)), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _receiver_limits(device: torch.device) -> DeviceLimits | None:
+    """The receiving GPU's measured copy bandwidth and matmul rate (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    with torch.cuda.device(device):
+        return measure_limits(torch.bfloat16)
