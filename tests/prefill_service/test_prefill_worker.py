@@ -69,6 +69,15 @@ async def _run(worker: PrefillWorker, prompt: list[int], target: KVTarget) -> li
     return [event async for event in worker.prefill(prompt, GREEDY, target)]
 
 
+async def _wait_until_all_blocks_free(worker: PrefillWorker, num_blocks: int) -> None:
+    """The DONE hooks queue the frees as engine commands: wait (up to 1 s) until the load shows them."""
+    for _ in range(100):
+        if worker.load().num_free_blocks == num_blocks:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.load().num_free_blocks == num_blocks
+
+
 async def test_chunks_in_order_and_keepalives_while_queued(tiny_model: Path) -> None:
     engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64, max_num_seqs=1, long_prefill_token_threshold=16))
     sender = RecordingSender(engine.runner.kv_cache, 16)
@@ -96,11 +105,7 @@ async def test_chunks_in_order_and_keepalives_while_queued(tiny_model: Path) -> 
         keepalives = [s for s in short_sends if not s[1]]
         assert short_sends[0] in keepalives and all(s[1:] == ([], [], False) for s in keepalives)
         # Both transfers are DONE: the held blocks are freed (a command the DONE hooks queue).
-        for _ in range(100):
-            if worker.load().num_free_blocks == 64:
-                break
-            await asyncio.sleep(0.01)
-        assert worker.load().num_free_blocks == 64
+        await _wait_until_all_blocks_free(worker, 64)
     finally:
         await worker.aclose()
 
@@ -116,10 +121,6 @@ async def test_transfer_done_before_the_first_token_is_seen(tiny_model: Path) ->
             target = KVTarget(f"t{index}", "tcp", "127.0.0.1:1", (3, 5, 8), sender.layout, 10.0)
             events = await _run(worker, [random.Random(index).randrange(512) for _ in range(40)], target)
             assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
-        for _ in range(100):
-            if worker.load().num_free_blocks == 64:
-                break
-            await asyncio.sleep(0.01)
-        assert worker.load().num_free_blocks == 64
+        await _wait_until_all_blocks_free(worker, 64)
     finally:
         await worker.aclose()
