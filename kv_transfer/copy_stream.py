@@ -5,9 +5,10 @@ pool (copies overlap the engine's work), or the calling thread itself for a host
 it returns. The factory gives host pools to `tcp` only; the host stream lets the device backends' protocol run on the
 CPU too.
 
-NOTE: a sender reads blocks only after the fence of the work that wrote them; a receiver writes reserved blocks on
-its own stream without waiting for the engine's, since a reserved block was free and the engine frees a block only
-once no queued work of its reads it.
+NOTE: a sender reads blocks only after the fence of the work that wrote them; a receiver's writes into reserved
+blocks wait for everything queued on the engine's stream by then: under async scheduling the engine frees a finished
+request's blocks while the step in flight may still write that request's last K/V into one of them, and such a
+block can be reserved again at once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class CopyStream(ABC):
         """Make this the calling thread's current stream: the copies queued inside run on it."""
 
     @abstractmethod
+    def wait_for_engine(self) -> None:
+        """Copies queued from now on wait for the work queued so far on the calling thread's current stream (the
+        engine's): a receiver calls it before it writes reserved blocks."""
+
+    @abstractmethod
     def synchronize(self) -> None:
         """Block until every copy queued on this stream is done."""
 
@@ -63,6 +69,9 @@ class HostCopyStream(CopyStream):
 
     def activate(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
+
+    def wait_for_engine(self) -> None:
+        pass
 
     def synchronize(self) -> None:
         pass
@@ -80,6 +89,9 @@ class CudaCopyStream(CopyStream):
 
     def activate(self) -> AbstractContextManager[object]:
         return torch.cuda.stream(self._stream)
+
+    def wait_for_engine(self) -> None:
+        self._stream.wait_stream(torch.cuda.current_stream(self._device))
 
     def synchronize(self) -> None:
         self._stream.synchronize()

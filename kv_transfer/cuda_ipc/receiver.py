@@ -38,6 +38,7 @@ class _GatherLink(ReceiverLink):
             raise ProtocolError(f"source block ids {list(head.src_block_ids)} outside the sender's pool")
 
     def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+        self._stream.wait_for_engine()
         with self._stream.activate():
             blocks = self._source.index_select(0, block_index(head.src_block_ids, self._source.device))
             self._words.index_copy_(0, block_index(head.block_ids, self._words.device), blocks.to(self._words.device))

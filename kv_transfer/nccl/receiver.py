@@ -48,6 +48,7 @@ class _RecvLink(ReceiverLink):
         if not head.block_ids:
             return
         blocks = self._receive(len(head.block_ids), keep_waiting)
+        self._stream.wait_for_engine()
         with self._stream.activate():
             self._words.index_copy_(0, block_index(head.block_ids, self._words.device), blocks)
         self._stream.synchronize()
