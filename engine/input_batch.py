@@ -27,8 +27,18 @@ class ModelInput:
     positions: torch.Tensor
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # rows of the hidden states to sample from, in scheduled order
-    num_reqs: int
-    graph_batch_size: int | None  # the captured batch size this step replays; None: eager
+
+
+@dataclass(slots=True)
+class _HostStep:
+    """What filling a step's host arrays found out: its sizes, each request's table row, and the token positions
+    to sample from and to fill from the previous step's sample."""
+
+    num_tokens: int
+    rows: np.ndarray
+    logits_indices: list[int]
+    fill_dst: list[int]
+    fill_src: list[int]
 
 
 @dataclass(slots=True)
@@ -120,84 +130,90 @@ class InputBatch:
             host = self._staging[self._flip]
         else:
             host = self.device_buffers
-        bs = self.block_size
-        ids, positions, slots = host.input_ids.numpy(), host.positions.numpy(), host.slot_mapping.numpy()
-        qsl, seq_lens, aux = host.query_start_loc.numpy(), host.seq_lens.numpy(), host.aux.numpy()
-        scheduled = scheduler_output.scheduled
-        num_reqs = len(scheduled)
-        rows = np.empty(num_reqs, dtype=np.int64)
-        logits_indices: list[int] = []
-        fill_dst: list[int] = []
-        fill_src: list[int] = []
-        num_tokens = 0
-        qsl[0] = 0
-        for i, req in enumerate(scheduled):
-            rows[i] = self._row(req.req_id, req.block_ids, req.new_admission)
-            start, token_ids = req.num_computed_tokens, req.token_ids
-            num_new = len(token_ids)
-            end = num_tokens + num_new
-            if num_new == 1:  # a decode: scalar stores are ~10x cheaper than slice stores
-                ids[num_tokens] = token_ids[0]
-                positions[num_tokens] = start
-            else:
-                ids[num_tokens:end] = token_ids
-                positions[num_tokens:end] = np.arange(start, start + num_new)
-            if token_ids[-1] == PLACEHOLDER_TOKEN_ID:
-                if previous is None:
-                    raise RuntimeError(f"{req.req_id}: a placeholder token but no previous sample")
-                ids[end - 1] = 0
-                fill_dst.append(end - 1)
-                fill_src.append(previous.rows[req.req_id])
-            num_tokens = end
-            qsl[i + 1] = end
-            seq_lens[i] = start + num_new
-            if req.sample:
-                logits_indices.append(end - 1)
-        pos = positions[:num_tokens]
-        token_rows = np.repeat(rows, np.diff(qsl[: num_reqs + 1]))
-        slots[:num_tokens] = self._table[token_rows, pos // bs].astype(np.int64) * bs + pos % bs
-        width = -(-int(seq_lens[:num_reqs].max()) // bs)
+        step = self._fill_requests(host, scheduler_output, previous)
+        num_reqs = len(scheduler_output.scheduled)
         padded = num_reqs if graph_batch_size is None else graph_batch_size
-        if host is self.device_buffers:
-            table = host.block_table.numpy()[:padded, :width]
-        else:
-            table = host.block_table.view(-1)[: padded * width].view(padded, width).numpy()
-        table[:num_reqs] = self._table[rows, :width]
+        width = self._fill_block_table(host, step, padded)
+        num_tokens = step.num_tokens if graph_batch_size is None else graph_batch_size
         if graph_batch_size is not None:
-            # NOTE: padding rows attend over one token of block 0 and write their K/V nowhere (slot -1).
-            ids[num_tokens:padded], positions[num_tokens:padded], slots[num_tokens:padded] = 0, 0, -1
-            qsl[num_reqs + 1 : padded + 1] = np.arange(num_reqs + 1, padded + 1)
-            seq_lens[num_reqs:padded] = 1
-            table[num_reqs:] = 0
-            num_tokens = padded
-        num_sampled, num_fill = len(logits_indices), len(fill_dst)
-        aux[:num_sampled] = logits_indices
-        aux[num_sampled : num_sampled + num_fill] = fill_dst
-        aux[num_sampled + num_fill : num_sampled + 2 * num_fill] = fill_src
+            self._fill_padding(host, num_reqs, step.num_tokens, graph_batch_size)
+        num_sampled, num_fill = len(step.logits_indices), len(step.fill_dst)
+        aux = host.aux.numpy()
+        aux[: num_sampled + 2 * num_fill] = step.logits_indices + step.fill_dst + step.fill_src
         dev = self._upload(host, num_tokens, padded, width, num_sampled + 2 * num_fill)
         if num_fill:
+            assert previous is not None
             dst = dev.aux[num_sampled : num_sampled + num_fill]
             src = dev.aux[num_sampled + num_fill : num_sampled + 2 * num_fill]
-            assert previous is not None
             dev.input_ids.index_copy_(0, dst, previous.token_ids.index_select(0, src))
+        qsl, seq_lens = host.query_start_loc.numpy()[: num_reqs + 1], host.seq_lens.numpy()[:num_reqs]
         metadata = AttentionMetadata(
             query_start_loc=dev.query_start_loc[: padded + 1],
             seq_lens=dev.seq_lens[:padded],
             block_table=dev.block_table[:padded],
             slot_mapping=dev.slot_mapping[:num_tokens],
-            max_query_len=int(np.diff(qsl[: num_reqs + 1]).max()),
-            max_seq_len=int(seq_lens[:num_reqs].max()),
-            query_start_loc_cpu=qsl[: num_reqs + 1].tolist(),
-            seq_lens_cpu=seq_lens[:num_reqs].tolist(),
+            max_query_len=int(np.diff(qsl).max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc_cpu=qsl.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
         )
-        return ModelInput(
-            dev.input_ids[:num_tokens],
-            dev.positions[:num_tokens],
-            metadata,
-            dev.aux[:num_sampled],
-            num_reqs,
-            graph_batch_size,
-        )
+        return ModelInput(dev.input_ids[:num_tokens], dev.positions[:num_tokens], metadata, dev.aux[:num_sampled])
+
+    def _fill_requests(
+        self, host: StepBuffers, scheduler_output: SchedulerOutput, previous: PreviousSample | None
+    ) -> _HostStep:
+        """Token ids, positions, slots, query starts and context lengths of the scheduled requests."""
+        ids, positions, slots = host.input_ids.numpy(), host.positions.numpy(), host.slot_mapping.numpy()
+        qsl, seq_lens = host.query_start_loc.numpy(), host.seq_lens.numpy()
+        scheduled = scheduler_output.scheduled
+        step = _HostStep(0, np.empty(len(scheduled), dtype=np.int64), [], [], [])
+        qsl[0] = 0
+        for i, req in enumerate(scheduled):
+            step.rows[i] = self._row(req.req_id, req.block_ids, req.new_admission)
+            start, token_ids, begin = req.num_computed_tokens, req.token_ids, step.num_tokens
+            end = begin + len(token_ids)
+            if end - begin == 1:  # a decode: scalar stores are ~10x cheaper than slice stores
+                ids[begin], positions[begin] = token_ids[0], start
+            else:
+                ids[begin:end] = token_ids
+                positions[begin:end] = np.arange(start, start + end - begin)
+            if token_ids[-1] == PLACEHOLDER_TOKEN_ID:
+                if previous is None:
+                    raise RuntimeError(f"{req.req_id}: a placeholder token but no previous sample")
+                ids[end - 1] = 0
+                step.fill_dst.append(end - 1)
+                step.fill_src.append(previous.rows[req.req_id])
+            step.num_tokens = qsl[i + 1] = end
+            seq_lens[i] = start + end - begin
+            if req.sample:
+                step.logits_indices.append(end - 1)
+        pos = positions[: step.num_tokens]
+        token_rows = np.repeat(step.rows, np.diff(qsl[: len(scheduled) + 1]))
+        bs = self.block_size
+        slots[: step.num_tokens] = self._table[token_rows, pos // bs].astype(np.int64) * bs + pos % bs
+        return step
+
+    def _fill_block_table(self, host: StepBuffers, step: _HostStep, num_rows: int) -> int:
+        """The requests' block-table rows (then zero rows up to `num_rows`), as wide as the longest needs; the width."""
+        num_reqs = len(step.rows)
+        width = -(-int(host.seq_lens.numpy()[:num_reqs].max()) // self.block_size)
+        if host is self.device_buffers:
+            table = host.block_table.numpy()[:num_rows, :width]
+        else:
+            table = host.block_table.view(-1)[: num_rows * width].view(num_rows, width).numpy()
+        table[:num_reqs] = self._table[step.rows, :width]
+        table[num_reqs:] = 0
+        return width
+
+    @staticmethod
+    def _fill_padding(host: StepBuffers, num_reqs: int, num_tokens: int, graph_batch_size: int) -> None:
+        """Padding rows up to a captured batch size attend over one token of block 0 and write their K/V nowhere."""
+        end = graph_batch_size
+        host.input_ids.numpy()[num_tokens:end] = 0
+        host.positions.numpy()[num_tokens:end] = 0
+        host.slot_mapping.numpy()[num_tokens:end] = -1
+        host.query_start_loc.numpy()[num_reqs + 1 : end + 1] = np.arange(num_reqs + 1, end + 1)
+        host.seq_lens.numpy()[num_reqs:end] = 1
 
     def _upload(self, host: StepBuffers, num_tokens: int, num_rows: int, width: int, num_aux: int) -> StepBuffers:
         dev = self.device_buffers

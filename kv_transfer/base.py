@@ -28,6 +28,7 @@ from typing import Self
 
 from common.errors import InvalidArgumentError
 from kv_transfer.layout import KVLayout
+from kv_transfer.pool_io import check_block_ids
 from kv_transfer.state import TransferError, TransferState
 
 TransferHook = Callable[[str, TransferState], None]
@@ -40,8 +41,11 @@ def ignore_hook(transfer_id: str, state: TransferState) -> None:
     """The default hook: does nothing."""
 
 
-def check_send_args(transfer_id: str, src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> None:
-    """The argument checks every `KVSender.send` makes before touching its pool."""
+def check_send_args(
+    transfer_id: str, src_block_ids: Sequence[int], dst_block_ids: Sequence[int], num_blocks: int
+) -> None:
+    """The argument checks every `KVSender.send` makes before touching its pool of `num_blocks` blocks."""
+    check_block_ids(src_block_ids, num_blocks, "src_block_ids")
     if not transfer_id or len(transfer_id.encode()) > MAX_TRANSFER_ID_BYTES:
         raise InvalidArgumentError("transfer_id", f"must be 1 to {MAX_TRANSFER_ID_BYTES} bytes, got {transfer_id!r}")
     if len(src_block_ids) != len(dst_block_ids):

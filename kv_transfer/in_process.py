@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kv_transfer.base import KVReceiver, KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
+from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
 from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout
-from kv_transfer.pool_io import check_block_ids, gather_blocks, pool_bytes, write_blocks
-from kv_transfer.reservation_table import ReservationTable
+from kv_transfer.pool_io import gather_blocks, pool_bytes, write_blocks
+from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 from kv_transfer.send_ledger import SendLedger
-from kv_transfer.state import LayoutMismatchError, TransferError, TransferState, TransportError
+from kv_transfer.state import TransferError, TransferState, TransportError
 
 ENDPOINT_PREFIX = "inproc://"
 
@@ -38,7 +38,7 @@ def _lookup(endpoint: str) -> InProcessReceiver:
     return receiver
 
 
-class InProcessReceiver(KVReceiver):
+class InProcessReceiver(ReservationReceiver):
     """Receives chunks by direct calls from in-process senders into `pool`."""
 
     def __init__(
@@ -66,21 +66,6 @@ class InProcessReceiver(KVReceiver):
     def endpoint(self) -> str:
         return self._endpoint
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
-        self._table.expect(transfer_id, dst_block_ids, lease_s)
-
-    def state(self, transfer_id: str) -> TransferState:
-        return self._table.state(transfer_id)
-
-    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
-        return self._table.wait(transfer_id, timeout_s)
-
-    def claim(self, transfer_id: str) -> None:
-        self._table.claim(transfer_id)
-
-    def abort(self, transfer_id: str) -> None:
-        self._table.abort(transfer_id)
-
     def close(self) -> None:
         with _registry_lock:
             if _registry.get(self._endpoint) is self:
@@ -99,9 +84,6 @@ class InProcessReceiver(KVReceiver):
             error = self._table.end_chunk(transfer_id, dst_block_ids, last, complete)
         if error is not None:
             raise error
-
-    def _post_released(self, transfer_id: str, state: TransferState) -> None:
-        self._housekeeper.post(lambda: self.on_released(transfer_id, state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +131,8 @@ class InProcessSender(KVSender):
         dst_block_ids: Sequence[int],
         last: bool,
     ) -> None:
-        check_send_args(transfer_id, src_block_ids, dst_block_ids)
-        check_block_ids(src_block_ids, self._rows.shape[0], "src_block_ids")
-        try:
-            self.layout.check_compatible(layout)
-        except LayoutMismatchError as error:
-            self._ledger.fail_new(transfer_id, endpoint, error)
+        check_send_args(transfer_id, src_block_ids, dst_block_ids, self._rows.shape[0])
+        if not self._ledger.check_layout(transfer_id, endpoint, self.layout, layout):
             return
         blocks = gather_blocks(self._rows, src_block_ids)
         if self._ledger.open_chunk(transfer_id, endpoint, last):

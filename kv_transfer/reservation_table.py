@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common.errors import InvalidArgumentError
+from kv_transfer.base import KVReceiver
+from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.state import (
     InvalidChunkError,
     TransferAbortedError,
@@ -199,3 +201,30 @@ class ReservationTable:
             self._ended.popitem(last=False)
         self._cond.notify_all()
         self._notify(reservation.transfer_id, state)
+
+
+class ReservationReceiver(KVReceiver):
+    """A receiver whose reservations live in a ReservationTable: the lifecycle calls are the table's, and released
+    reservations reach `on_released` through the receiver's housekeeper. Subclasses set `_table` (built with
+    `_post_released` as its notify) and `_housekeeper` in their constructor."""
+
+    _table: ReservationTable
+    _housekeeper: Housekeeper
+
+    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
+        self._table.expect(transfer_id, dst_block_ids, lease_s)
+
+    def state(self, transfer_id: str) -> TransferState:
+        return self._table.state(transfer_id)
+
+    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
+        return self._table.wait(transfer_id, timeout_s)
+
+    def claim(self, transfer_id: str) -> None:
+        self._table.claim(transfer_id)
+
+    def abort(self, transfer_id: str) -> None:
+        self._table.abort(transfer_id)
+
+    def _post_released(self, transfer_id: str, state: TransferState) -> None:
+        self._housekeeper.post(lambda: self.on_released(transfer_id, state))

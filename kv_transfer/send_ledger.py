@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from common.errors import InvalidArgumentError
 from kv_transfer.base import TransferStats
+from kv_transfer.layout import KVLayout
 from kv_transfer.state import (
+    LayoutMismatchError,
     TransferAbortedError,
     TransferError,
     TransferExpiredError,
@@ -86,6 +88,15 @@ class SendLedger:
             if transfer_id not in self._transfers and transfer_id not in self._ended:
                 self._transfers[transfer_id] = _Transfer(transfer_id, endpoint, now, now + self._lease_s)
             self._end_locked(transfer_id, error.ends_in, error)
+
+    def check_layout(self, transfer_id: str, endpoint: str, ours: KVLayout, theirs: KVLayout) -> bool:
+        """False, with the transfer failed (LayoutMismatchError), when the receiver's layout differs from ours."""
+        try:
+            ours.check_compatible(theirs)
+        except LayoutMismatchError as error:
+            self.fail_new(transfer_id, endpoint, error)
+            return False
+        return True
 
     def ack(self, transfer_id: str, num_bytes: int, num_blocks: int, last: bool) -> None:
         """The receiver wrote a chunk: renew the lease, count it, and end DONE after the last one."""

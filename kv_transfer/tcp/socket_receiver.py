@@ -8,15 +8,13 @@ import logging
 import socket
 import threading
 from abc import abstractmethod
-from collections.abc import Sequence
 
 import torch
 
-from kv_transfer.base import KVReceiver, TransferHook, ignore_hook
+from kv_transfer.base import TransferHook, ignore_hook
 from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout
-from kv_transfer.reservation_table import ReservationTable
-from kv_transfer.state import TransferState
+from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 from kv_transfer.tcp.address import format_endpoint
 from kv_transfer.tcp.data_plane import ReceiverPlane
 from kv_transfer.tcp.receiver_connection import ReceiverConnection
@@ -26,7 +24,7 @@ logger = logging.getLogger(__name__)
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
-class SocketReceiver(KVReceiver):
+class SocketReceiver(ReservationReceiver):
     """Receives chunks into `pool` through the data plane that a backend's subclass makes (`_make_plane`). Port 0
     picks a free port; `endpoint` reports the real one, with `advertise_host` (or, for a wildcard bind, this
     machine's hostname) as its host."""
@@ -69,21 +67,6 @@ class SocketReceiver(KVReceiver):
     def endpoint(self) -> str:
         return self._endpoint
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
-        self._table.expect(transfer_id, dst_block_ids, lease_s)
-
-    def state(self, transfer_id: str) -> TransferState:
-        return self._table.state(transfer_id)
-
-    def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
-        return self._table.wait(transfer_id, timeout_s)
-
-    def claim(self, transfer_id: str) -> None:
-        self._table.claim(transfer_id)
-
-    def abort(self, transfer_id: str) -> None:
-        self._table.abort(transfer_id)
-
     def close(self) -> None:
         self._closing.set()
         if threading.current_thread() is not self._acceptor:
@@ -123,9 +106,6 @@ class SocketReceiver(KVReceiver):
         finally:
             with self._lock:
                 self._connections.pop(sock, None)
-
-    def _post_released(self, transfer_id: str, state: TransferState) -> None:
-        self._housekeeper.post(lambda: self.on_released(transfer_id, state))
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -13,9 +13,8 @@ import torch
 from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
 from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout
-from kv_transfer.pool_io import check_block_ids
 from kv_transfer.send_ledger import SendLedger
-from kv_transfer.state import LayoutMismatchError, TransferState, TransportError
+from kv_transfer.state import TransferState, TransportError
 from kv_transfer.tcp.address import parse_endpoint
 from kv_transfer.tcp.data_plane import SenderPlane, Staged
 from kv_transfer.tcp.sender_connection import Outgoing, OutgoingAbort, OutgoingChunk, SenderConnection
@@ -60,13 +59,9 @@ class SocketSender(KVSender, Generic[Staged]):
         dst_block_ids: Sequence[int],
         last: bool,
     ) -> None:
-        check_send_args(transfer_id, src_block_ids, dst_block_ids)
-        check_block_ids(src_block_ids, self._num_blocks, "src_block_ids")
+        check_send_args(transfer_id, src_block_ids, dst_block_ids, self._num_blocks)
         parse_endpoint(endpoint)
-        try:
-            self.layout.check_compatible(layout)
-        except LayoutMismatchError as error:
-            self._ledger.fail_new(transfer_id, endpoint, error)
+        if not self._ledger.check_layout(transfer_id, endpoint, self.layout, layout):
             return
         staged = self._plane.stage(src_block_ids)
         if not self._ledger.open_chunk(transfer_id, endpoint, last):
