@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from common.block_hash import BlockHash
-from engine.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from google.protobuf import duration_pb2
 
 from common.errors import InvalidArgumentError
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from pdserve.v1 import sampling_pb2
 
 FinishReason = Literal["stop", "length", "abort"]

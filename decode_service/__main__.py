@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from common.config import add_config_args, config_from_args
 from common.errors import InvalidArgumentError
-from common.pod_runtime import PodRuntime, load_engine
-from common.service_config import KVReceiverConfig, PodServerConfig, PodTransferConfig, RegistryConfig
 from common.telemetry_config import TelemetryConfig
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.factory import make_receiver
 from pdserve.v1 import decode_pb2_grpc
+from pod.config import KVReceiverConfig, PodServerConfig, PodTransferConfig, RegistryConfig
+from pod.runtime import PodRuntime, load_engine
 
 logger = logging.getLogger("decode_service")
 

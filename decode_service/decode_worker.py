@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.metrics import ServiceMetrics
-from common.pod_runtime import PodLoad, engine_stream, read_load, report_engine_state
+from common.sampling_params import SamplingParams
 from common.telemetry import (
     EVENT_DECODE_ADMITTED,
     GEN_AI_RESPONSE_FINISH_REASONS,
@@ -39,11 +39,11 @@ from common.telemetry import (
 )
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVReceiver
 from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferAbortedError, TransferError, TransferExpiredError, TransferState
+from pod.runtime import PodLoad, engine_stream, read_load, report_engine_state
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class DecodeWorker:
         self._draining = True
 
     def load(self) -> PodLoad:
-        """The engine's load after its last step or command (see common.pod_runtime.PodWorker)."""
+        """The engine's load after its last step or command (see pod.runtime.PodWorker)."""
         return self._load
 
     async def reserve(self, num_prompt_tokens: int, max_tokens: int, request_id: str = "") -> Reservation:

@@ -9,11 +9,11 @@ import grpc.aio
 
 from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import abort_with
-from common.pod_runtime import transfer_rpc_error
 from decode_service.decode_worker import DecodeWorker, Reservation
 from engine.scheduler_output import EngineOutput
 from kv_transfer.state import TransferError
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
+from pod.runtime import transfer_rpc_error
 from prefill_service.convert import (
     backend_to_pb,
     duration_to_pb,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.llm import LLM

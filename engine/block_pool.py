@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.block_hash import BlockHash
-from engine.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
 @dataclass(slots=True, eq=False)

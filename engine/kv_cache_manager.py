@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.block_hash import BlockHash, hash_block_tokens
+from common.kv_cache_events import KVCacheEvent
 from engine.block_pool import BlockPool, KVBlock
-from engine.kv_cache_events import KVCacheEvent
 
 
 @dataclass(slots=True)

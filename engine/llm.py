@@ -10,11 +10,11 @@ from typing import Any
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from common.sampling_params import SamplingParams
 from engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

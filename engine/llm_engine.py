@@ -8,6 +8,7 @@ from pathlib import Path
 
 from common.block_hash import block_extra_keys
 from common.errors import InvalidArgumentError
+from common.sampling_params import SamplingParams
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
@@ -15,7 +16,6 @@ from engine.model_store import resolve_model
 from engine.pending_output import PendingOutput
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
-from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import EngineOutput, SchedulerOutput
 

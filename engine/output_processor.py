@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 from transformers import PreTrainedTokenizerBase
 
 from common.detokenizer import IncrementalDetokenizer
+from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
 from engine.scheduler_output import EngineOutput
 
 

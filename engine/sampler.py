@@ -16,7 +16,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 
 # NOTE: float32 cumulative sums are off by ~1e-7; without this slack a top_p exactly equal to a
 # prefix mass (six 0.1s vs 0.6) would keep one token too many on rounding noise alone.

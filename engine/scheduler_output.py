@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 
 PLACEHOLDER_TOKEN_ID = -1
 """Stands for a token sampled by the step still running on the device (async scheduling): the runner takes its id

@@ -9,10 +9,11 @@ import torch
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver, KVSender, TransferHook, ignore_hook
 from kv_transfer.config import DEVICE_BACKENDS, check_backend
+from kv_transfer.control import SocketReceiver, SocketSender
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from kv_transfer.in_process import InProcessReceiver, InProcessSender
 from kv_transfer.nccl import NcclReceiver, NcclSender
-from kv_transfer.tcp import SocketReceiver, SocketSender, TcpReceiver, TcpSender
+from kv_transfer.tcp import TcpReceiver, TcpSender
 
 _SOCKET_SENDERS: dict[str, type[SocketSender[Any]]] = {"tcp": TcpSender, "cuda_ipc": CudaIpcSender, "nccl": NcclSender}
 _SOCKET_RECEIVERS: dict[str, type[SocketReceiver]] = {

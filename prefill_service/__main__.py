@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from common.config import add_config_args, config_from_args
 from common.errors import InvalidArgumentError
-from common.pod_runtime import PodRuntime, load_engine
 from common.prefix_directory import PrefixDirectory
-from common.service_config import PodServerConfig, PodTransferConfig, RegistryConfig
 from common.telemetry_config import TelemetryConfig
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.factory import make_sender
 from pdserve.v1 import prefill_pb2_grpc
+from pod.config import PodServerConfig, PodTransferConfig, RegistryConfig
+from pod.runtime import PodRuntime, load_engine
 from prefill_service.directory_publisher import DirectoryPublisher
 from prefill_service.prefill_worker import PrefillWorker
 from prefill_service.server import SERVICE_NAME, PrefillServicer

@@ -8,7 +8,7 @@ from __future__ import annotations
 from common.errors import InvalidArgumentError
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, stop_reason_to_pb
 from common.proto_convert import sampling_params_from_pb as common_sampling_params_from_pb
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from kv_transfer.layout import KVLayout
 from pdserve.v1 import kv_transfer_pb2, prefill_pb2, sampling_pb2
 from prefill_service.prefill_events import FirstToken, KVTarget, PrefillEvent, TransferDone

@@ -6,8 +6,8 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
+from common.kv_cache_events import KVCacheEvent
 from common.prefix_directory import PrefixDirectory
-from engine.kv_cache_events import KVCacheEvent
 
 DEFAULT_BATCH_INTERVAL_S = 0.05
 

@@ -28,8 +28,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from common.errors import InvalidArgumentError, UnavailableError
+from common.kv_cache_events import KVCacheEvent
 from common.metrics import ServiceMetrics
-from common.pod_runtime import PodLoad, engine_stream, read_load, report_engine_state
+from common.sampling_params import SamplingParams
 from common.telemetry import (
     EVENT_FIRST_TOKEN,
     EVENT_KV_TRANSFER_DONE,
@@ -47,12 +48,11 @@ from common.telemetry import (
     set_attributes,
 )
 from engine.async_engine import AsyncEngine
-from engine.kv_cache_events import KVCacheEvent
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVSender
 from kv_transfer.state import TransferError, TransferState, UnknownTransferError
+from pod.runtime import PodLoad, engine_stream, read_load, report_engine_state
 from prefill_service.chunk_spans import ChunkSpans
 from prefill_service.kv_shipper import KEEPALIVES_PER_LEASE, KVShipper, Shipment
 from prefill_service.prefill_events import FirstToken, KVTarget, PrefillEvent, TransferDone
@@ -120,7 +120,7 @@ class PrefillWorker:
         self._draining = True
 
     def load(self) -> PodLoad:
-        """The engine's load after its last step or command (see common.pod_runtime.PodWorker)."""
+        """The engine's load after its last step or command (see pod.runtime.PodWorker)."""
         return self._load
 
     async def prefill(

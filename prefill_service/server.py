@@ -8,9 +8,9 @@ from typing import Any
 import grpc.aio
 
 from common.errors import UnavailableError
-from common.pod_runtime import transfer_rpc_error
 from kv_transfer.state import TransferError
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
+from pod.runtime import transfer_rpc_error
 from prefill_service.convert import kv_target_from_pb, prefill_event_to_pb, sampling_params_from_pb
 from prefill_service.prefill_worker import PrefillWorker
 

@@ -30,6 +30,7 @@ from common.detokenizer import IncrementalDetokenizer
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRole
+from common.sampling_params import SamplingParams
 from common.telemetry import (
     PDSERVE_CACHED_PREFIX_TOKENS,
     PDSERVE_DECODE_POD,
@@ -38,7 +39,6 @@ from common.telemetry import (
     PDSERVE_ROUTE_ATTEMPT,
     Tracing,
 )
-from engine.sampling_params import SamplingParams
 from router.outputs import CompletionChunk, CompletionMetrics, FinishReason, FirstToken, TransferDone
 from router.pod_client import PodClient, Reservation
 from router.pod_load import PodLoad

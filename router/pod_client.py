@@ -20,7 +20,7 @@ import grpc.aio
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import bad_request_fields
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
 from router.outputs import DecodeStep, FirstToken, TransferDone
 

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from common.block_hash import BlockHash, block_extra_keys, hash_block_tokens, hash_prompt_blocks
 from common.errors import InvalidArgumentError
+from common.sampling_params import SamplingParams
 from common.telemetry import (
     GEN_AI_OPERATION_CHAT,
     GEN_AI_OPERATION_NAME,
@@ -34,7 +35,6 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
-from engine.sampling_params import SamplingParams
 from router.completion_run import CompletionRun, PromptPlan, RunContext
 from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage

@@ -16,7 +16,7 @@ import grpc.aio
 from common.grpc_errors import to_status
 from common.metrics import ServiceMetrics
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle

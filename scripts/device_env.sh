@@ -1,6 +1,6 @@
 # Source on the GPU machine, in the repo root, at the start of a command (the run carries `.whl`, filled here
 # once by scripts/device_wheels.sh):
-#   source scripts/device_env.sh && python3 -m engine.benchmark ...
+#   source scripts/device_env.sh && python3 -m bench ...
 # Installs the carried wheels into $DEVICE_ROOT/site (first on PYTHONPATH, then the repo and protos/), unpacks
 # the carried redis-server and the libraries it links into $DEVICE_ROOT/redis, puts a `redis-server` on PATH that
 # finds them (LD_LIBRARY_PATH for that process alone), and prints the versions in use. Non-zero on any failure.

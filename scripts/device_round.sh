@@ -5,7 +5,7 @@
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 log=$OUT/log.txt
-bench() { python3 -m engine.benchmark "$@" 2>&1 | grep -v "capturing CUDA graphs" | tail -12 >>"$log"; }
+bench() { python3 -m bench "$@" 2>&1 | grep -v "capturing CUDA graphs" | tail -12 >>"$log"; }
 python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/engine/test_gpu_engine.py \
   tests/engine/test_triton_layers.py tests/engine/test_triton_attention.py tests/engine/test_sampler.py 2>&1 \
   | tail -15 >"$OUT/gpu_tests.txt"

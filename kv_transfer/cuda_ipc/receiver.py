@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
+from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
+from kv_transfer.control.frames import FrameHead, KeepWaiting
+from kv_transfer.control.socket_receiver import SocketReceiver
 from kv_transfer.copy_stream import CopyStream, make_copy_stream
 from kv_transfer.cuda_ipc import local_pools
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.pool_io import block_index, pool_words, row_words
 from kv_transfer.state import ProtocolError, TransportError
-from kv_transfer.tcp.data_plane import ReceiverLink, ReceiverPlane
-from kv_transfer.tcp.frames import FrameHead, KeepWaiting
-from kv_transfer.tcp.socket_receiver import SocketReceiver
 
 
 class _GatherLink(ReceiverLink):

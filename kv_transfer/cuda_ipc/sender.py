@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
+from kv_transfer.control.data_plane import SenderLink, SenderPlane
+from kv_transfer.control.frames import FrameHead
+from kv_transfer.control.socket_sender import SocketSender
 from kv_transfer.copy_stream import MarkedBlocks, make_copy_stream
 from kv_transfer.cuda_ipc import local_pools
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.pool_io import pool_bytes
-from kv_transfer.tcp.data_plane import SenderLink, SenderPlane
-from kv_transfer.tcp.frames import FrameHead
-from kv_transfer.tcp.socket_sender import SocketSender
 
 
 class _NamingLink(SenderLink[MarkedBlocks]):

@@ -10,8 +10,8 @@ from typing import Protocol, cast
 import torch
 import torch.distributed as dist
 
+from kv_transfer.control.frames import KeepWaiting
 from kv_transfer.state import TransportError
-from kv_transfer.tcp.frames import KeepWaiting
 
 SENDER_RANK = 0
 RECEIVER_RANK = 1

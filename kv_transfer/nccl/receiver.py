@@ -12,14 +12,14 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
+from kv_transfer.control.frames import FrameHead, KeepWaiting
+from kv_transfer.control.socket_receiver import SocketReceiver
 from kv_transfer.copy_stream import make_copy_stream
 from kv_transfer.nccl.gpu_identity import check_distinct_gpus, device_uuid
 from kv_transfer.nccl.pair_group import RECEIVER_RANK, GroupFactory, NcclPairGroup, PairGroup
 from kv_transfer.pool_io import block_index, pool_words
 from kv_transfer.state import ProtocolError
-from kv_transfer.tcp.data_plane import ReceiverLink, ReceiverPlane
-from kv_transfer.tcp.frames import FrameHead, KeepWaiting
-from kv_transfer.tcp.socket_receiver import SocketReceiver
 
 # NOTE: how long a rank waits in the store for its peer's part of the rendezvous (NCCL's unique id).
 _STORE_TIMEOUT = timedelta(seconds=30)

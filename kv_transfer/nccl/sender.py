@@ -11,14 +11,14 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from kv_transfer.control.data_plane import SenderLink, SenderPlane
+from kv_transfer.control.frames import FrameHead
+from kv_transfer.control.socket_sender import SocketSender
 from kv_transfer.copy_stream import CopyStream, MarkedBlocks, make_copy_stream
 from kv_transfer.nccl.gpu_identity import device_uuid
 from kv_transfer.nccl.pair_group import SENDER_RANK, GroupFactory, NcclPairGroup, PairGroup
 from kv_transfer.pool_io import block_index, pool_words
 from kv_transfer.state import ProtocolError, TransportError
-from kv_transfer.tcp.data_plane import SenderLink, SenderPlane
-from kv_transfer.tcp.frames import FrameHead
-from kv_transfer.tcp.socket_sender import SocketSender
 
 
 class _SendLink(SenderLink[MarkedBlocks]):

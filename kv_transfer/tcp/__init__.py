@@ -1,15 +1,7 @@
-"""The tcp backend, and the control plane that the socket backends (tcp, cuda_ipc, nccl) share.
-
-Every socket backend talks over one TCP connection per sender and receiver pair: HELLO (backend, layout and the
-backend's data-plane fields), then CHUNK / ACK / ERROR / ABORT frames (`frames`). `SocketSender` and
-`SocketReceiver` run that protocol and the transfer rules; each backend's subclass makes its data plane
-(`data_plane`), which moves the bytes. The tcp backend's (`TcpSender`, `TcpReceiver`) sends them on the same
-socket: KV blocks over plain TCP (CPU pools, or across hosts without NCCL).
-"""
+"""The tcp backend: KV blocks over plain TCP, on the control plane's own socket (CPU pools, or across hosts
+without NCCL). The control plane it shares with cuda_ipc and nccl lives in `kv_transfer.control`."""
 
 from kv_transfer.tcp.receiver import TcpReceiver
 from kv_transfer.tcp.sender import TcpSender
-from kv_transfer.tcp.socket_receiver import SocketReceiver
-from kv_transfer.tcp.socket_sender import SocketSender
 
-__all__ = ["SocketReceiver", "SocketSender", "TcpReceiver", "TcpSender"]
+__all__ = ["TcpReceiver", "TcpSender"]

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
+from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
+from kv_transfer.control.frames import FrameHead, KeepWaiting, discard, recv_blocks
+from kv_transfer.control.socket_receiver import SocketReceiver
 from kv_transfer.pool_io import BlockSink, make_block_sink, pool_bytes
 from kv_transfer.state import ProtocolError
-from kv_transfer.tcp.data_plane import ReceiverLink, ReceiverPlane
-from kv_transfer.tcp.frames import FrameHead, KeepWaiting, discard, recv_blocks
-from kv_transfer.tcp.socket_receiver import SocketReceiver
 
 
 class _PayloadLink(ReceiverLink):

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from kv_transfer.control.data_plane import SenderLink, SenderPlane
+from kv_transfer.control.frames import FrameHead
+from kv_transfer.control.socket_sender import SocketSender
 from kv_transfer.pool_io import HostBlocks, pool_bytes, start_gather_to_host
-from kv_transfer.tcp.data_plane import SenderLink, SenderPlane
-from kv_transfer.tcp.frames import FrameHead
-from kv_transfer.tcp.socket_sender import SocketSender
 
 
 class _PayloadLink(SenderLink[HostBlocks]):

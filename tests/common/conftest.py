@@ -1,4 +1,4 @@
-"""Fixtures of the common/ tests: a real redis-server on a free port (see common/redis_server.py)."""
+"""Fixtures of the common/ tests: a real redis-server on a free port (see cli/redis_server.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.redis_server import RedisServer
+from cli.redis_server import RedisServer
 
 
 @pytest.fixture

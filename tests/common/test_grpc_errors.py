@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import ErrorInterceptor, bad_request_fields, to_status
 from common.grpc_server import HealthState, add_standard_services, wait_for_health
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 
 SERVICE = "pdserve.v1.GenerationService"

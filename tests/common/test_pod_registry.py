@@ -8,9 +8,9 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
+from cli.redis_server import RedisServer
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRegistry
-from common.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from cli.redis_server import RedisServer
 from common.block_hash import block_extra_keys, hash_prompt_blocks
+from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from common.prefix_directory import PrefixDirectory
-from common.redis_server import RedisServer
-from engine.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ import pytest
 
 import decode_service.__main__ as decode_main
 import prefill_service.__main__ as prefill_main
+from cli.redis_server import RedisServer
 from common.pod_registry import PodInfo, PodRegistry
-from common.redis_server import RedisServer
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, sampling_pb2
 from tests.engine.model_factory import save_tiny_model
 

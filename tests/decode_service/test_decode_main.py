@@ -14,7 +14,7 @@ from typing import IO
 import pytest
 import redis
 
-from common.redis_server import RedisServer
+from cli.redis_server import RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POD_KEY = "pdserve:pod:decode-sub"

@@ -13,8 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 import decode_service.__main__ as decode_main
+from cli.redis_server import RedisServer
 from common.grpc_errors import bad_request_fields
-from common.redis_server import RedisServer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, sampling_pb2

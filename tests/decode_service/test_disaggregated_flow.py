@@ -12,10 +12,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from common.redis_server import RedisServer
+from cli.redis_server import RedisServer
+from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from pdserve.v1 import prefill_pb2, sampling_pb2
 from tests.decode_service.pod_pair import BLOCK_SIZE, DECODE_ID, PREFILL_ID, read_all, running_pods
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from common.redis_server import RedisServer
+from cli.redis_server import RedisServer
 from pdserve.v1 import prefill_pb2, sampling_pb2
 from tests.decode_service.pod_pair import DECODE_ID, read_all, running_pods
 

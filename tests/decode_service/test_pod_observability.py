@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.redis_server import RedisServer
 from common import telemetry
-from common.redis_server import RedisServer
 from common.telemetry import setup_tracing
 from common.telemetry_config import TelemetryConfig
 from pdserve.v1 import sampling_pb2

@@ -10,8 +10,8 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from common.client import GenerationClient
-from common.cluster import ClusterConfig, LocalCluster
+from cli.client import GenerationClient
+from cli.cluster import ClusterConfig, LocalCluster
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle
 
 _clusters: list[LocalCluster] = []

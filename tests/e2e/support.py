@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.client import GenerationClient
+from cli.client import GenerationClient
+from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput
-from engine.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, sampling_pb2
 
 BLOCK_SIZE = 16

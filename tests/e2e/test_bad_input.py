@@ -8,8 +8,8 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from common.client import GenerationClient
-from common.cluster import LocalCluster
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
 from common.grpc_errors import bad_request_fields
 from tests.e2e.support import Oracle, run
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import grpc
 
-from common.client import GenerationClient, build_request
-from common.cluster import LocalCluster
+from cli.client import GenerationClient, build_request
+from cli.cluster import LocalCluster
 from common.pod_registry import PodInfo
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S, num_blocks, wait_until

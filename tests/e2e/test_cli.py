@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from common.client import GenerationClient
+from cli.client import GenerationClient
 from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
-PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "common.cli"]
+PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
 PROMPTS = [
     "The capital of France is",
     "Water boils at a temperature of",

@@ -3,8 +3,8 @@ the offline engine) on 2 prefill and 2 decode pods."""
 
 from __future__ import annotations
 
-from common.client import GenerationClient
-from common.cluster import LocalCluster
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
 from pdserve.v1 import sampling_pb2
 from tests.e2e.support import Oracle, run_concurrently
 

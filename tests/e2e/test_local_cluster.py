@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.cluster import ClusterConfig, ClusterError, LocalCluster, Role
+from cli.cluster import ClusterConfig, ClusterError, LocalCluster, Role
 from common.grpc_server import wait_for_health
 
 STANDIN = str(Path(__file__).with_name("standin_service.py"))
@@ -110,13 +110,13 @@ def test_cluster_methods_work_inside_a_running_event_loop(cluster: LocalCluster)
 
 
 def test_cli_help_works_without_the_services() -> None:
-    done = subprocess.run([sys.executable, "-m", "common.cli", "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert all(name in done.stdout for name in ("up", "router", "prefill", "decode", "generate"))
 
 
 def test_cli_generate_reports_an_unreachable_router_and_exits_non_zero() -> None:
-    argv = [sys.executable, "-m", "common.cli", "generate", "hi", "--address", "127.0.0.1:1", "--timeout-s", "2"]
+    argv = [sys.executable, "-m", "cli.main", "generate", "hi", "--address", "127.0.0.1:1", "--timeout-s", "2"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "error: UNAVAILABLE" in done.stderr or "error: DEADLINE_EXCEEDED" in done.stderr

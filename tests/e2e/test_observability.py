@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.client import GenerationClient
-from common.cluster import ClusterConfig, LocalCluster
+from cli.client import GenerationClient
+from cli.cluster import ClusterConfig, LocalCluster
 from common.grpc_server import wait_for_health
 from common.telemetry import (
     GEN_AI_OPERATION_NAME,

@@ -3,9 +3,9 @@ different long prefixes use both prefill pods."""
 
 from __future__ import annotations
 
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
 from common.block_hash import block_extra_keys, hash_prompt_blocks
-from common.client import GenerationClient
-from common.cluster import LocalCluster
 from router.routing_policy import rendezvous_order
 from tests.e2e.support import BLOCK_SIZE, MIN_CACHED, PREFIX_TOKENS, sequential, token_prefix
 

@@ -8,9 +8,9 @@ import time
 
 import grpc
 
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
 from common.block_hash import block_extra_keys, hash_prompt_blocks
-from common.client import GenerationClient
-from common.cluster import LocalCluster
 from common.prefix_directory import PrefixDirectory
 from tests.e2e.support import (
     BLOCK_SIZE,

@@ -7,7 +7,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from common.cluster import LocalCluster
+from cli.cluster import LocalCluster
 
 STANDARD = {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
 OWN_SERVICE = {

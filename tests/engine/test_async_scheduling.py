@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduler_output import EngineOutput
 from tests.engine.model_factory import make_prompts, save_tiny_model
 

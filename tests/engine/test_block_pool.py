@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from common.block_hash import hash_block_tokens
+from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.block_pool import BlockPool, FreeBlockQueue, KVBlock
-from engine.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def _hash(tag: int) -> bytes:

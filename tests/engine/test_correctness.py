@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts
 

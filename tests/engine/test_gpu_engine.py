@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model
 
 pytestmark = pytest.mark.gpu

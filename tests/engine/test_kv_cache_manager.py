@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import pytest
 
 from common.block_hash import BlockHash, hash_block_tokens, hash_prompt_blocks
-from engine.kv_cache_events import BlockRemoved, BlockStored
+from common.kv_cache_events import BlockRemoved, BlockStored
 from engine.kv_cache_manager import KVCacheManager
 
 BLOCK_SIZE = 4

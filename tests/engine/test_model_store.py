@@ -128,7 +128,7 @@ def test_concurrent_converter_wins_and_its_folder_is_used(tmp_path: Path, monkey
 def test_import_engine_does_not_import_torch() -> None:
     code = (
         "import sys, engine, engine.model_store; "
-        "assert engine.SamplingParams.__module__ == 'engine.sampling_params'; "
+        "assert engine.SamplingParams.__module__ == 'common.sampling_params'; "
         "loaded = {'torch', 'transformers'} & set(sys.modules); assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

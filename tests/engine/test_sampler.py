@@ -5,13 +5,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from engine.sampler import (
     Sampler,
     SamplingBatch,
     apply_penalties,
     apply_top_k_top_p_min_p,
 )
-from engine.sampling_params import SamplingParams
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 NEG_INF = float("-inf")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from common.sampling_params import SamplingParams
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import PLACEHOLDER_TOKEN_ID, EngineOutput, RunnerOutput, SchedulerOutput
 

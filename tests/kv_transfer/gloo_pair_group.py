@@ -7,8 +7,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from kv_transfer.control.frames import KeepWaiting
 from kv_transfer.nccl import NcclReceiver, NcclSender, PairGroup
-from kv_transfer.tcp.frames import KeepWaiting
 
 
 class GlooPairGroup(PairGroup):

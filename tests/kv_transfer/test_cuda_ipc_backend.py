@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from kv_transfer import TransferState, TransportError
+from kv_transfer.control.address import parse_endpoint
+from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
 from kv_transfer.cuda_ipc import CudaIpcReceiver
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.cuda_ipc.sender import CudaIpcSenderPlane
 from kv_transfer.state import ProtocolError
-from kv_transfer.tcp.address import parse_endpoint
-from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
 from tests.kv_transfer.pools import BLOCK_SIZE
 
 PoolMaker = Callable[..., torch.Tensor]

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from kv_transfer import KVLayout, TransferState
+from kv_transfer.control.address import parse_endpoint
+from kv_transfer.control.frames import FrameHead, FrameType, Hello, encode_json_frame, read_error, read_head, read_hello
 from kv_transfer.cuda_ipc import CudaIpcReceiver
 from kv_transfer.state import ProtocolError
 from kv_transfer.tcp import TcpReceiver, TcpSender
-from kv_transfer.tcp.address import parse_endpoint
-from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, encode_json_frame, read_error, read_head, read_hello
 from tests.kv_transfer.pools import BLOCK_SIZE
 
 PoolMaker = Callable[..., torch.Tensor]

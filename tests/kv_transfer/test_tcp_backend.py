@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kv_transfer import KVLayout, TransferState
+from kv_transfer.control.address import format_endpoint, parse_endpoint
+from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_head, read_json
 from kv_transfer.tcp import TcpReceiver, TcpSender
-from kv_transfer.tcp.address import format_endpoint, parse_endpoint
-from kv_transfer.tcp.frames import FrameHead, FrameType, Hello, read_head, read_json
 
 if TYPE_CHECKING:
     from conftest import HookRecorder

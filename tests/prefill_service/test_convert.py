@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import InvalidArgumentError
-from engine.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 from kv_transfer.config import BACKENDS
 from kv_transfer.layout import KVLayout
 from pdserve.v1 import kv_transfer_pb2, sampling_pb2

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from cli.redis_server import RedisServer
 from common.pod_registry import PodRegistry
-from common.pod_runtime import PodRuntime
-from common.redis_server import RedisServer
-from common.service_config import PodServerConfig, RegistryConfig
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
+from pod.config import PodServerConfig, RegistryConfig
+from pod.runtime import PodRuntime
 from prefill_service.prefill_events import KVTarget, PrefillEvent
 from prefill_service.prefill_worker import PrefillWorker
 from tests.prefill_service.test_prefill_worker import GREEDY, RecordingSender

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from common.grpc_errors import ErrorInterceptor
-from common.pod_runtime import POD_FIELD_PATHS
 from kv_transfer.state import TransferAbortedError
 from pdserve.v1 import kv_transfer_pb2, prefill_pb2, sampling_pb2
+from pod.runtime import POD_FIELD_PATHS
 from prefill_service.server import PrefillServicer
 
 pytestmark = pytest.mark.anyio

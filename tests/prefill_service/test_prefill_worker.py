@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from kv_transfer.base import KVSender, TransferStats, ignore_hook
 from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferState, UnknownTransferError

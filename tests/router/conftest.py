@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from common.redis_server import RedisServer
+from cli.redis_server import RedisServer
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 
 

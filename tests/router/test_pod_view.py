@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from cli.redis_server import RedisServer
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-from common.redis_server import RedisServer
 from router.pod_load import PodLoad
 from router.pod_view import PodView
 

@@ -1,0 +1,81 @@
+"""W7 pd-goodput: requests/s per GPU at --slo-attainment (90%) SLO attainment, colocated vs disaggregated.
+
+Both systems get the same requests (--input-len / --output-len, 512/64 or 4096/256) on the same Poisson
+arrivals at each --request-rates rate. A request attains the SLO when its TTFT <= --slo-ttft-ms and its TPOT
+(first token excluded) <= --slo-tpot-ms; a failed request does not. A system's goodput is the highest swept
+rate whose attainment reaches the target (also given interpolated to where attainment crosses the target),
+divided by the GPUs it uses: 1 for the colocated engine, --cluster-gpus for the cluster (default 1: a
+LocalCluster's pods all run on the same device, so 1 prefill + 1 decode on one GPU counts as one GPU).
+
+"colocated" is this project's engine in this process with no disaggregation (chunked prefill mixes prefills
+into the decode batches), run first and freed; "disaggregated" is the cluster, through its router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from bench.cluster_target import ModelChoice, serving
+from bench.load_driver import RunResult
+from bench.online_runs import Generate, router_target, sweep_rates, warm_up, with_colocated
+from bench.stats import max_rate_meeting, slo_attainment
+from bench.workloads import RequestSpec, fixed_requests
+
+if TYPE_CHECKING:
+    from bench.colocated import ColocatedTarget
+
+_GIVE_UP_FRACTION = 0.5
+"""A sweep ends after a rate whose attainment is below this fraction of the target."""
+
+
+def run_w7(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
+    ttft_slo_s, tpot_slo_s = args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000
+
+    def judge(rate: float, result: RunResult) -> dict[str, Any]:
+        attainment = slo_attainment([r.timing for r in result.completed], result.num_failed, ttft_slo_s, tpot_slo_s)
+        return {"slo_attainment": attainment, "saturated": not attainment >= _GIVE_UP_FRACTION * args.slo_attainment}
+
+    async def sweep(name: str, generate: Generate, vocab_size: int) -> list[dict[str, Any]]:
+        await warm_up(args, generate, vocab_size, args.input_len)
+
+        def make_specs(rate: float, n: int) -> list[RequestSpec]:
+            return fixed_requests(vocab_size, n, args.input_len, args.output_len, f"{args.seed}-w7-{rate}")
+
+        return await sweep_rates(args, name, generate, make_specs, judge)
+
+    async def colocated(target: ColocatedTarget) -> tuple[int, list[dict[str, Any]]]:
+        return target.info.vocab_size, await sweep("colocated", target.generate, target.info.vocab_size)
+
+    vocab_size, colocated_rows = with_colocated(args, model, colocated)
+
+    async def disaggregated(address: str) -> list[dict[str, Any]]:
+        async with router_target(args, address) as target:
+            return await sweep("disaggregated", target.generate, vocab_size)
+
+    with serving(args, model) as cluster:
+        disaggregated_rows = asyncio.run(disaggregated(cluster.address))
+    systems = {
+        "colocated": _system(colocated_rows, 1, args.slo_attainment),
+        "disaggregated": _system(disaggregated_rows, args.cluster_gpus, args.slo_attainment),
+    }
+    per_gpu = [systems[name]["goodput_req_per_s_per_gpu"] for name in ("disaggregated", "colocated")]
+    return {
+        "slo": {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "attainment": args.slo_attainment},
+        **systems,
+        "goodput_per_gpu_ratio": per_gpu[0] / per_gpu[1] if None not in per_gpu and per_gpu[1] else None,
+    }
+
+
+def _system(rows: list[dict[str, Any]], num_gpus: int, target: float) -> dict[str, Any]:
+    rates = [row["offered_req_per_s"] for row in rows]
+    goodput = max_rate_meeting(rates, [row["slo_attainment"] for row in rows], target)
+    max_rate, crossing = goodput["max_rate"], goodput["interpolated_rate"]
+    return {
+        "gpus": num_gpus,
+        "goodput_req_per_s": max_rate,
+        "goodput_req_per_s_per_gpu": None if max_rate is None else max_rate / num_gpus,
+        "interpolated_goodput_req_per_s_per_gpu": None if crossing is None else crossing / num_gpus,
+        "rates": rows,
+    }

@@ -1,0 +1,2 @@
+"""The product's drivers: the `pdserve` command, the local cluster launcher, the throwaway Redis server and the
+Python client."""
