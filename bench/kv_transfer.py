@@ -27,8 +27,7 @@ from bench.limits import DeviceLimits, measure_limits
 from bench.stats import percentile
 from engine.config import CacheConfig
 from engine.models.shapes import MODEL_SHAPES
-from kv_transfer import KVLayout, KVReceiver, KVSender, TransferState, make_receiver, make_sender
-from kv_transfer.layout import torch_dtype
+from kv_transfer import KVLayout, KVPoolView, KVReceiver, KVSender, TransferState, make_receiver, make_sender
 from kv_transfer.pool_io import block_index, pool_words
 
 logger = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ def model_layout(model_shape: str, dtype: str, block_size: int) -> KVLayout:
 
 def empty_pool(layout: KVLayout, num_blocks: int, device: torch.device) -> torch.Tensor:
     shape = (num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
-    return torch.empty(shape, dtype=torch_dtype(layout.dtype), device=device)
+    return torch.empty(shape, dtype=getattr(torch, layout.dtype), device=device)
 
 
 def block_checksums(words: torch.Tensor, block_ids: Sequence[int]) -> list[int]:
@@ -149,7 +148,7 @@ def _sender_main(conn: Connection, setup: _SenderSetup) -> None:
     pool = empty_pool(setup.layout, setup.num_blocks, device)
     words = pool_words(pool)
     words.random_(generator=torch.Generator(device).manual_seed(setup.seed))
-    with make_sender(setup.backend, pool, setup.layout.block_size, lease_s=LEASE_S) as sender:
+    with make_sender(setup.backend, KVPoolView(pool, setup.layout.block_size), lease_s=LEASE_S) as sender:
         conn.send(_device_name(device))
         while (order := conn.recv()) is not None:
             if isinstance(order, _ChecksumOrder):
@@ -257,7 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     words = pool_words(pool)
     generator = torch.Generator().manual_seed(args.seed)
     results = []
-    with make_receiver(backend, pool, layout.block_size) as receiver:
+    with make_receiver(backend, KVPoolView(pool, layout.block_size)) as receiver:
         sender = _SenderProcess(_SenderSetup(backend, layout, pool_blocks, sender_device, args.seed))
         try:
             for tokens in tqdm(sizes, desc=f"W6 kv-transfer over {backend}", unit="size"):

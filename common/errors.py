@@ -1,14 +1,25 @@
-"""Errors shared by every layer; the gRPC boundary maps them to status codes."""
+"""Errors shared by every layer; the gRPC boundary maps them to status codes (`common.grpc_errors`).
+
+Each class names its status as a `google.rpc.Code` name (`status`), so the one error interceptor reports any of them
+without knowing the class, and this module stays free of gRPC.
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class PdserveError(Exception):
     """Base class of pdserve's own errors."""
 
+    status: ClassVar[str] = "INTERNAL"
+    """The google.rpc.Code name that reports this error to a gRPC caller."""
+
 
 class InvalidArgumentError(PdserveError, ValueError):
     """Bad input from a caller. `field` names the offending field (dotted path)."""
+
+    status = "INVALID_ARGUMENT"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -19,6 +30,10 @@ class InvalidArgumentError(PdserveError, ValueError):
 class ResourceExhaustedError(PdserveError):
     """The service is overloaded or out of KV blocks for now; retry later."""
 
+    status = "RESOURCE_EXHAUSTED"
+
 
 class UnavailableError(PdserveError):
     """No healthy pod (or peer) can take the request."""
+
+    status = "UNAVAILABLE"

@@ -4,6 +4,8 @@ Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) rep
 - `InvalidArgumentError` -> INVALID_ARGUMENT + `google.rpc.BadRequest` naming the request field path;
 - `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo`;
 - `UnavailableError` -> UNAVAILABLE;
+- any other `PdserveError` -> the status its class names (e.g. a KV `TransferError` -> ABORTED, NOT_FOUND or
+  FAILED_PRECONDITION), its message as the details;
 - `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
 - anything else -> INTERNAL, logged with its traceback.
 Clients read the field violations back with `bad_request_fields`.
@@ -22,7 +24,7 @@ from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
 from pdserve.v1 import sampling_pb2
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ def to_status(
         )
     if isinstance(exc, UnavailableError):
         return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", None)
+    if isinstance(exc, PdserveError) and exc.status != "INTERNAL":
+        return _rich(code_pb2.Code.Value(exc.status), str(exc), None)
     return _rich(code_pb2.INTERNAL, "internal error", None)
 
 

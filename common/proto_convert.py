@@ -28,11 +28,14 @@ _FINISH_FROM_PB: dict[sampling_pb2.FinishReason.ValueType, FinishReason] = {
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
-def sampling_params_from_pb(pb: sampling_pb2.SamplingParams) -> SamplingParams:
-    """The engine's SamplingParams; unset optional fields take the engine defaults.
+def sampling_params_from_pb(pb: sampling_pb2.SamplingParams, max_n: int | None = None) -> SamplingParams:
+    """The engine's SamplingParams; unset optional fields take the engine defaults. `max_n`: refuse a larger `n`
+    (a pod computes one sample; the router fans n > 1 out).
 
-    Raises InvalidArgumentError naming the public field (`sampling_params.<name>`).
+    Raises InvalidArgumentError naming the public field (`sampling_params.<name>`; `n` for `max_n`).
     """
+    if max_n is not None and pb.HasField("n") and not 1 <= pb.n <= max_n:
+        raise InvalidArgumentError("n", f"must be unset or in [1, {max_n}] (the router fans n > 1 out), got {pb.n}")
     # NOTE: fields left at their proto default are the engine's defaults too (proto3 `optional` marks
     # the others), so only the fields that are set matter; SamplingParams freezes repeated ones.
     values: dict[str, Any] = {field.name: value for field, value in pb.ListFields() if field.name in _SAMPLING_FIELDS}

@@ -1,87 +1,57 @@
 """`python -m decode_service` / `pdserve decode`: a decode pod.
 
-Start order: gRPC server up with health NOT_SERVING -> load the engine -> KV receiver -> register in Redis ->
-SERVING -> the line `pdserve decode serving on <host:port>` on stdout. SIGTERM/SIGINT: drain, deregister, exit 0.
+Start order (`pod.run.run_pod`): gRPC server up with health NOT_SERVING -> load the engine -> KV receiver ->
+register in Redis -> SERVING -> the line `pdserve decode serving on <host:port>` on stdout. SIGTERM/SIGINT: drain,
+deregister, exit 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-from common.config import add_config_args, config_from_args
-from common.errors import InvalidArgumentError
-from common.telemetry_config import TelemetryConfig
+import grpc.aio
+
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
+from engine.llm_engine import LLMEngine
 from kv_transfer.factory import make_receiver
 from pdserve.v1 import decode_pb2_grpc
-from pod.config import KVReceiverConfig, PodServerConfig, PodTransferConfig, RegistryConfig
-from pod.runtime import PodRuntime, load_engine
+from pod.config import KVReceiverConfig, PodConfig, parse_pod_config
+from pod.run import configure_logging
+from pod.run import run_pod as run_any_pod
+from pod.runtime import PodRuntime
+from pod.worker import PodWorker
 
 logger = logging.getLogger("decode_service")
 
 
-@dataclass(frozen=True, slots=True)
-class DecodePodConfig:
-    server: PodServerConfig
-    registry: RegistryConfig
-    transfer: PodTransferConfig
-    receiver: KVReceiverConfig
-    engine: EngineConfig
-    telemetry: TelemetryConfig
-
-
-def parse_args(argv: list[str] | None = None) -> DecodePodConfig:
+def parse_args(argv: list[str] | None = None) -> PodConfig:
     """The pod's config from its flags (bad values exit with a usage error)."""
-    parser = argparse.ArgumentParser(prog="pdserve decode", description="Run a decode pod.")
-    parts = (
-        PodServerConfig,
-        RegistryConfig,
-        PodTransferConfig,
-        KVReceiverConfig,
-        ModelConfig,
-        CacheConfig,
-        SchedulerConfig,
-        TelemetryConfig,
-    )
-    for cls in parts:
-        add_config_args(parser, cls)
-    args = parser.parse_args(argv)
-    try:
-        return DecodePodConfig(
-            config_from_args(PodServerConfig, args),
-            config_from_args(RegistryConfig, args),
-            config_from_args(PodTransferConfig, args),
-            config_from_args(KVReceiverConfig, args),
-            engine_config_from_args(args),
-            config_from_args(TelemetryConfig, args),
-        )
-    except InvalidArgumentError as exc:
-        parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")
+    return parse_pod_config("decode", argv, with_receiver=True)
 
 
-async def run_pod(config: DecodePodConfig, stop: asyncio.Event | None = None, handle_signals: bool = False) -> int:
+async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_signals: bool = False) -> int:
     """Serve until `stop` is set (or a signal arrives, with `handle_signals`), then drain; returns the exit code."""
-    runtime = PodRuntime("decode", config.engine.model.model, config.server, config.registry, config.telemetry, stop)
     servicer = DecodeServicer()
-    decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, runtime.server)
-    await runtime.start_server([SERVICE_NAME])
-    if handle_signals:
-        runtime.install_signal_handlers()
-    worker: DecodeWorker | None = None
-    try:
-        engine = await load_engine(config.engine)
+    receiver_config = config.receiver or KVReceiverConfig()
+
+    def add_servicer(server: grpc.aio.Server) -> str:
+        decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, server)
+        return SERVICE_NAME
+
+    @asynccontextmanager
+    async def open_worker(engine: LLMEngine, runtime: PodRuntime) -> AsyncIterator[PodWorker]:
+        # NOTE: one rank's pool: a tensor-parallel engine gives one view per rank, and needs a receiver per rank.
+        (view,) = engine.kv_pool_views()
         receiver = make_receiver(
             config.transfer.kv_transfer_backend,
-            engine.runner.kv_cache,
-            engine.info.block_size,
+            view,
             config.server.host,
-            config.receiver.kv_port,
+            receiver_config.kv_port,
             advertise_host=config.server.public_host,
         )
         worker = DecodeWorker(
@@ -93,22 +63,19 @@ async def run_pod(config: DecodePodConfig, stop: asyncio.Event | None = None, ha
             metrics=runtime.metrics,
         )
         worker.start()
-        logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.endpoint)
+        logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.kv_endpoint)
         servicer.worker = worker
-        await runtime.go_live(worker, kv_endpoint=worker.endpoint)
-        await runtime.stopping.wait()
-        await runtime.drain(config.server.drain_timeout_s)
-    finally:
-        await runtime.stop()
-        if worker is not None:
+        try:
+            yield worker
+        finally:
             await worker.aclose()
-        await runtime.close_telemetry()
-    return 0
+
+    return await run_any_pod("decode", config, add_servicer, open_worker, stop, handle_signals)
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     return asyncio.run(run_pod(config, handle_signals=True))
 
 

@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from opentelemetry import trace
 
@@ -41,9 +40,9 @@ from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVReceiver
-from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferAbortedError, TransferError, TransferExpiredError, TransferState
-from pod.runtime import PodLoad, engine_stream, read_load, report_engine_state
+from kv_transfer.target import KVTarget
+from pod.worker import PodLoad, read_load, report_engine_state
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +53,6 @@ _ENDED_ERRORS: dict[TransferState, type[TransferError]] = {
     TransferState.EXPIRED: TransferExpiredError,
     TransferState.ABORTED: TransferAbortedError,
 }
-
-
-@dataclass(slots=True, frozen=True)
-class Reservation:
-    """Blocks reserved for one request's prompt KV, and where and how a prefill pod must write them."""
-
-    transfer_id: str
-    block_ids: tuple[int, ...]
-    backend: str
-    endpoint: str
-    layout: KVLayout
-    lease_s: float
 
 
 class DecodeWorker:
@@ -96,7 +83,7 @@ class DecodeWorker:
         self._draining = False
 
     @property
-    def endpoint(self) -> str:
+    def kv_endpoint(self) -> str:
         """Where prefill pods reach this pod's KV receiver."""
         return self._receiver.endpoint
 
@@ -117,10 +104,10 @@ class DecodeWorker:
         self._draining = True
 
     def load(self) -> PodLoad:
-        """The engine's load after its last step or command (see pod.runtime.PodWorker)."""
+        """The engine's load after its last step or command (see pod.worker.PodWorker)."""
         return self._load
 
-    async def reserve(self, num_prompt_tokens: int, max_tokens: int, request_id: str = "") -> Reservation:
+    async def reserve(self, num_prompt_tokens: int, max_tokens: int, request_id: str = "") -> KVTarget:
         """Reserve the prompt's blocks under a lease (ResourceExhaustedError when the pool cannot supply them);
         `request_id` (the router's) is only for logs."""
         if self._draining:
@@ -145,8 +132,8 @@ class DecodeWorker:
                 f"no {-(-num_prompt_tokens // self.info.block_size)} free KV blocks for "
                 f"{num_prompt_tokens} prompt tokens"
             )
-        return Reservation(
-            transfer_id, tuple(block_ids), self._backend, self._receiver.endpoint, self._receiver.layout, self._lease_s
+        return KVTarget(
+            transfer_id, self._backend, self._receiver.endpoint, tuple(block_ids), self._receiver.layout, self._lease_s
         )
 
     async def decode(
@@ -181,7 +168,7 @@ class DecodeWorker:
                 admission.end()
 
             try:
-                async with aclosing(engine_stream(self._async_engine, transfer_id, admit)) as outputs:
+                async with aclosing(self._async_engine.generate(transfer_id, admit)) as outputs:
                     async for output in self._measured(outputs, arrival, generate):
                         finish_reason = output.finish_reason
                         yield output

@@ -9,19 +9,13 @@ import grpc.aio
 
 from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import abort_with
-from decode_service.decode_worker import DecodeWorker, Reservation
+from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
+from decode_service.decode_worker import DecodeWorker
 from engine.scheduler_output import EngineOutput
 from kv_transfer.state import TransferError
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
-from pod.runtime import transfer_rpc_error
-from prefill_service.convert import (
-    backend_to_pb,
-    duration_to_pb,
-    finish_reason_to_pb,
-    kv_layout_to_pb,
-    sampling_params_from_pb,
-    stop_reason_to_pb,
-)
+from kv_transfer.target import KVTarget
+from pdserve.v1 import decode_pb2, decode_pb2_grpc
+from pod.convert import kv_target_to_pb
 
 SERVICE_NAME = "pdserve.v1.DecodeService"
 
@@ -48,7 +42,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
         self, request: decode_pb2.DecodeRequest, context: Context
     ) -> AsyncIterator[decode_pb2.DecodeResponse]:
         worker = self._worker()
-        params = sampling_params_from_pb(request.sampling_params)
+        params = sampling_params_from_pb(request.sampling_params, max_n=1)
         outputs = worker.decode(
             request.transfer_id, list(request.prompt_token_ids), request.first_token_id, params, request.request_id
         )
@@ -56,7 +50,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
             async for output in outputs:
                 yield _decode_response(output, params.logprobs)
         except TransferError as exc:
-            raise transfer_rpc_error(exc, request.request_id) from exc
+            raise exc.for_request(request.request_id) from exc
 
     async def Release(self, request: decode_pb2.ReleaseRequest, context: Context) -> decode_pb2.ReleaseResponse:
         self._worker().release(request.transfer_id)
@@ -68,16 +62,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
         return self.worker
 
 
-def _reservation_to_pb(reservation: Reservation) -> decode_pb2.ReserveResponse:
-    target = kv_transfer_pb2.KVTarget(
-        transfer_id=reservation.transfer_id,
-        backend=backend_to_pb(reservation.backend),
-        endpoint=reservation.endpoint,
-        block_ids=reservation.block_ids,
-        layout=kv_layout_to_pb(reservation.layout),
-        lease=duration_to_pb(reservation.lease_s),
-    )
-    return decode_pb2.ReserveResponse(kv_target=target, lease=duration_to_pb(reservation.lease_s))
+def _reservation_to_pb(target: KVTarget) -> decode_pb2.ReserveResponse:
+    assert target.lease_s is not None  # NOTE: a decode pod always knows its own lease
+    return decode_pb2.ReserveResponse(kv_target=kv_target_to_pb(target), lease=duration_to_pb(target.lease_s))
 
 
 def _decode_response(output: EngineOutput, logprobs: bool) -> decode_pb2.DecodeResponse:

@@ -18,6 +18,7 @@ from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
 from engine.scheduler_output import EngineOutput, SchedulerOutput
+from kv_transfer.pool_view import KVPoolView
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class LLMEngine:
         configured = config.scheduler.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
         self._pending: tuple[SchedulerOutput, PendingOutput] | None = None
+
+    def kv_pool_views(self) -> list[KVPoolView]:
+        """Each rank's KV pool, for the KV transfer backends (one rank: this engine runs on one device)."""
+        return [KVPoolView(self.runner.kv_cache, self.info.block_size)]
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""

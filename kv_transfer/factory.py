@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver, KVSender, TransferHook, ignore_hook
 from kv_transfer.config import DEVICE_BACKENDS, check_backend
@@ -13,6 +11,7 @@ from kv_transfer.control import SocketReceiver, SocketSender
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from kv_transfer.in_process import InProcessReceiver, InProcessSender
 from kv_transfer.nccl import NcclReceiver, NcclSender
+from kv_transfer.pool_view import KVPoolView
 from kv_transfer.tcp import TcpReceiver, TcpSender
 
 _SOCKET_SENDERS: dict[str, type[SocketSender[Any]]] = {"tcp": TcpSender, "cuda_ipc": CudaIpcSender, "nccl": NcclSender}
@@ -23,47 +22,47 @@ _SOCKET_RECEIVERS: dict[str, type[SocketReceiver]] = {
 }
 
 
-def _check_pool(backend: str, pool: torch.Tensor) -> None:
+def _check_pool(backend: str, view: KVPoolView) -> None:
     check_backend(backend)
-    if backend in DEVICE_BACKENDS and pool.device.type != "cuda":
+    if backend in DEVICE_BACKENDS and view.pool.device.type != "cuda":
         raise InvalidArgumentError(
             "kv_transfer_backend",
-            f"{backend!r} moves KV between GPU pools, but this pool is on {pool.device}; use 'tcp'",
+            f"{backend!r} moves KV between GPU pools, but this pool is on {view.pool.device}; use 'tcp'",
         )
 
 
 def make_sender(
     backend: str,
-    pool: torch.Tensor,
-    block_size: int,
+    view: KVPoolView,
     *,
     lease_s: float = 30.0,
     connect_timeout_s: float = 5.0,
     on_finished: TransferHook = ignore_hook,
 ) -> KVSender:
-    """The prefill side's sender over `pool`; InvalidArgumentError("kv_transfer_backend") for unknown backends and for
-    a device backend (cuda_ipc, nccl) over a pool that is not on a GPU."""
-    _check_pool(backend, pool)
+    """The prefill side's sender over one rank's pool; InvalidArgumentError("kv_transfer_backend") for unknown
+    backends and for a device backend (cuda_ipc, nccl) over a pool that is not on a GPU."""
+    _check_pool(backend, view)
     if backend == "in_process":
-        return InProcessSender(pool, block_size, lease_s=lease_s, on_finished=on_finished)
+        return InProcessSender(view.pool, view.block_size, lease_s=lease_s, on_finished=on_finished)
     sender = _SOCKET_SENDERS[backend]
-    return sender(pool, block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished)
+    return sender(
+        view.pool, view.block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished
+    )
 
 
 def make_receiver(
     backend: str,
-    pool: torch.Tensor,
-    block_size: int,
+    view: KVPoolView,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
     advertise_host: str | None = None,
     on_released: TransferHook = ignore_hook,
 ) -> KVReceiver:
-    """The decode side's receiver into `pool` (host/port: where it listens for senders); the same errors as
+    """The decode side's receiver into one rank's pool (host/port: where it listens for senders); the same errors as
     `make_sender`."""
-    _check_pool(backend, pool)
+    _check_pool(backend, view)
     if backend == "in_process":
-        return InProcessReceiver(pool, block_size, on_released=on_released)
+        return InProcessReceiver(view.pool, view.block_size, on_released=on_released)
     receiver = _SOCKET_RECEIVERS[backend]
-    return receiver(pool, block_size, host, port, advertise_host=advertise_host, on_released=on_released)
+    return receiver(view.pool, view.block_size, host, port, advertise_host=advertise_host, on_released=on_released)

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import asdict, astuple, dataclass, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from common.errors import InvalidArgumentError
 from kv_transfer.state import LayoutMismatchError
 
+if TYPE_CHECKING:
+    import torch
+
 POOL_DIMS = ("num_blocks", "num_layers", "kv", "block_size", "num_kv_heads", "head_dim")
 
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype called `name` ("float32", "bfloat16", ...)."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise InvalidArgumentError("dtype", f"not a torch dtype: {name!r}")
-    return dtype
+# NOTE: a table rather than torch's dtypes, so that the router, which carries KV targets, never imports torch.
+DTYPE_NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+"""Bytes per element of each KV cache dtype, by its torch name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +30,8 @@ class KVLayout:
     head_dim: int
 
     def __post_init__(self) -> None:
-        torch_dtype(self.dtype)
+        if self.dtype not in DTYPE_NBYTES:
+            raise InvalidArgumentError("dtype", f"not a KV cache dtype: {self.dtype!r} (one of {sorted(DTYPE_NBYTES)})")
         for name in ("block_size", "num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -42,7 +40,7 @@ class KVLayout:
     @property
     def block_nbytes(self) -> int:
         elements = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-        return elements * torch_dtype(self.dtype).itemsize
+        return elements * DTYPE_NBYTES[self.dtype]
 
     @classmethod
     def from_pool(cls, pool: torch.Tensor, block_size: int) -> KVLayout:

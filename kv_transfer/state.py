@@ -28,13 +28,19 @@ class TransferState(enum.Enum):
 class TransferError(PdserveError):
     """A transfer could not go on. `code` names the error on the wire; `ends_in` is the state it causes."""
 
+    status = "ABORTED"
     code: ClassVar[str] = "failed"
     ends_in: ClassVar[TransferState] = TransferState.FAILED
+
+    def for_request(self, request_id: str) -> TransferError:
+        """The same error, its message naming the request it ended (as reported to that request's caller)."""
+        return type(self)(f"request {request_id!r}: {self}")
 
 
 class LayoutMismatchError(TransferError):
     """The two pools' KV layouts differ; `fields` names the differing layout fields."""
 
+    status = "FAILED_PRECONDITION"
     code = "layout_mismatch"
 
     def __init__(self, message: str, fields: Sequence[str] = ()) -> None:
@@ -59,6 +65,7 @@ class TransferAbortedError(TransferError):
 class UnknownTransferError(TransferError):
     """No record of this transfer id (never reserved, already claimed, or long gone)."""
 
+    status = "NOT_FOUND"
     code = "unknown_transfer"
 
 

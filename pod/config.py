@@ -1,4 +1,5 @@
-"""Settings of the prefill and decode pods' processes: gRPC server, registry, KV transfer.
+"""Settings of the prefill and decode pods' processes: gRPC server, registry, KV transfer, and `PodConfig`, the
+whole of one pod's settings (`parse_pod_config` reads it from the pod's flags).
 
 Each dataclass becomes CLI flags with `common.config.add_config_args` (field `kv_lease_s` -> `--kv-lease-s`);
 the engine's own settings come from engine.config. Values measured at run time (the bound port, the pod's
@@ -7,11 +8,14 @@ generation) live in the running pod, never here.
 
 from __future__ import annotations
 
+import argparse
 import socket
 from dataclasses import dataclass, field
 
-from common.config import doc
+from common.config import add_config_args, config_from_args, doc
 from common.errors import InvalidArgumentError
+from common.telemetry_config import TelemetryConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.config import BACKENDS, check_backend
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
@@ -90,3 +94,37 @@ class KVReceiverConfig:
 
     def __post_init__(self) -> None:
         _check_port("kv_port", self.kv_port)
+
+
+@dataclass(frozen=True, slots=True)
+class PodConfig:
+    """One pod's settings: its process, its engine and its telemetry (`receiver` only on decode pods)."""
+
+    server: PodServerConfig
+    registry: RegistryConfig
+    transfer: PodTransferConfig
+    engine: EngineConfig
+    telemetry: TelemetryConfig
+    receiver: KVReceiverConfig | None = None
+
+
+def parse_pod_config(role: str, argv: list[str] | None, with_receiver: bool) -> PodConfig:
+    """The config of `pdserve <role>` from its flags (bad values exit with a usage error naming the flag)."""
+    parser = argparse.ArgumentParser(prog=f"pdserve {role}", description=f"Run a {role} pod.")
+    parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig]
+    if with_receiver:
+        parts.append(KVReceiverConfig)
+    for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, TelemetryConfig):
+        add_config_args(parser, cls)
+    args = parser.parse_args(argv)
+    try:
+        return PodConfig(
+            config_from_args(PodServerConfig, args),
+            config_from_args(RegistryConfig, args),
+            config_from_args(PodTransferConfig, args),
+            engine_config_from_args(args),
+            config_from_args(TelemetryConfig, args),
+            config_from_args(KVReceiverConfig, args) if with_receiver else None,
+        )
+    except InvalidArgumentError as exc:
+        parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")

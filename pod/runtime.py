@@ -22,11 +22,8 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, cast
+from collections.abc import Sequence
 
-import grpc
 import grpc.aio
 
 from common.errors import UnavailableError
@@ -36,13 +33,9 @@ from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.scheduler_output import EngineOutput
 from kv_transfer.control.address import format_endpoint
-from kv_transfer.state import LayoutMismatchError, TransferError, UnknownTransferError
 from pod.config import PodServerConfig, RegistryConfig
+from pod.worker import PodWorker
 
 logger = logging.getLogger(__name__)
 
@@ -51,97 +44,6 @@ POD_FIELD_PATHS = {**FIELD_PATHS, "prompt": "prompt_token_ids"}
 
 _DRAIN_POLL_S = 0.05
 _STOP_GRACE_S = 1.0
-
-
-@dataclass(slots=True, frozen=True)
-class PodLoad:
-    """What the registry heartbeat reports of the engine (read on the engine thread, after every step or command)."""
-
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_total_blocks: int
-
-
-class PodWorker(Protocol):
-    """What the runtime needs of a pod's core worker."""
-
-    @property
-    def num_in_flight(self) -> int:
-        """Requests the pod still owes an answer (drain waits for 0)."""
-        ...
-
-    def start_draining(self) -> None:
-        """Refuse new requests (UNAVAILABLE) from now on; in-flight ones go on."""
-        ...
-
-    def load(self) -> PodLoad:
-        """The engine's load as of its last step or command; never waits for the engine thread."""
-        ...
-
-
-def read_load(engine: LLMEngine) -> PodLoad:
-    """The engine's load numbers; call on the engine thread (e.g. from AsyncEngine's on_update hook)."""
-    return PodLoad(
-        engine.scheduler.num_running,
-        engine.scheduler.num_waiting,
-        engine.kv_cache_manager.num_free_blocks,
-        engine.info.num_blocks,
-    )
-
-
-def report_engine_state(metrics: ServiceMetrics, engine: LLMEngine) -> PodLoad:
-    """Engine thread: the load numbers, also set as the metrics' engine state (gauges and running totals)."""
-    load = read_load(engine)
-    metrics.set_engine_state(
-        num_running=load.num_running,
-        num_waiting=load.num_waiting,
-        kv_cache_usage=1.0 - load.num_free_blocks / load.num_total_blocks,
-        prefix_cache_queries=engine.kv_cache_manager.stats.queries,
-        prefix_cache_hits=engine.kv_cache_manager.stats.hits,
-        num_preemptions=engine.scheduler.num_preemptions,
-    )
-    return load
-
-
-def engine_stream(
-    async_engine: AsyncEngine, req_id: str, add: Callable[[LLMEngine], None]
-) -> AsyncGenerator[EngineOutput, None]:
-    """`async_engine.generate(req_id, add)`, typed as the async generator it is (so it fits contextlib.aclosing,
-    which closes it, and so aborts the request, as soon as the caller stops)."""
-    return cast(AsyncGenerator[EngineOutput, None], async_engine.generate(req_id, add))
-
-
-def transfer_status_code(error: TransferError) -> grpc.StatusCode:
-    """The status that reports a KV transfer error to the caller."""
-    if isinstance(error, LayoutMismatchError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(error, UnknownTransferError):
-        return grpc.StatusCode.NOT_FOUND
-    return grpc.StatusCode.ABORTED
-
-
-def transfer_rpc_error(error: TransferError, request_id: str) -> grpc.aio.AioRpcError:
-    """The status that reports a KV transfer error, as an error for the servicer to raise: the ErrorInterceptor,
-    the one place that ends calls with an error, passes it through (or finds the caller gone and does nothing)."""
-    details = f"request {request_id!r}: {error}"
-    return grpc.aio.AioRpcError(transfer_status_code(error), grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-
-async def load_engine(config: EngineConfig) -> LLMEngine:
-    """Build the engine on a worker thread (the event loop keeps answering health checks meanwhile)."""
-    logger.info("loading model %s ...", config.model.model)
-    start = time.monotonic()
-    engine = await asyncio.to_thread(LLMEngine, config)
-    logger.info(
-        "model %s loaded in %.1f s: %d KV blocks of %d tokens on %s",
-        config.model.model,
-        time.monotonic() - start,
-        engine.info.num_blocks,
-        engine.info.block_size,
-        engine.info.device,
-    )
-    return engine
 
 
 class PodRuntime:
@@ -176,7 +78,6 @@ class PodRuntime:
         self._registry = PodRegistry(registry_config.redis_url, ttl_s=3 * registry_config.heartbeat_s)
         self._health: HealthState | None = None
         self._worker: PodWorker | None = None
-        self._kv_endpoint = ""
         self._draining = False
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeat_stopped = asyncio.Event()
@@ -201,10 +102,9 @@ class PodRuntime:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
 
-    async def go_live(self, worker: PodWorker, kv_endpoint: str = "") -> None:
+    async def go_live(self, worker: PodWorker) -> None:
         """Register with the worker's load, start the heartbeat, report SERVING and print the serving line."""
         self._worker = worker
-        self._kv_endpoint = kv_endpoint
         await self._beat(quiet=False)
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="pod-heartbeat")
         await self._require_health().set_serving()
@@ -260,7 +160,7 @@ class PodRuntime:
             address=self.address,
             model=self._model,
             generation=self.generation,
-            kv_endpoint=self._kv_endpoint,
+            kv_endpoint=worker.kv_endpoint,
             draining=self._draining,
             num_running=load.num_running,
             num_waiting=load.num_waiting,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from engine.llm_engine import LLMEngine
 from kv_transfer.base import KVSender
 from kv_transfer.state import TransferError
-from prefill_service.prefill_events import KVTarget
+from kv_transfer.target import KVTarget
 
 logger = logging.getLogger(__name__)
 

@@ -1,23 +1,8 @@
-"""Plain values of one Prefill call: where its KV goes, and the two things it reports."""
+"""Plain values of one Prefill call: the two things it reports (its KV goes to a `kv_transfer.KVTarget`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from kv_transfer.layout import KVLayout
-
-
-@dataclass(slots=True, frozen=True)
-class KVTarget:
-    """Blocks reserved on a decode pod for a request's prompt KV (DecodeService.Reserve's answer)."""
-
-    transfer_id: str
-    backend: str
-    endpoint: str
-    block_ids: tuple[int, ...]
-    layout: KVLayout
-    lease_s: float | None = None
-    """How long the reservation holds without a chunk (None: unknown)."""
 
 
 @dataclass(slots=True, frozen=True)

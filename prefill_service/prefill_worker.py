@@ -52,10 +52,11 @@ from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVSender
 from kv_transfer.state import TransferError, TransferState, UnknownTransferError
-from pod.runtime import PodLoad, engine_stream, read_load, report_engine_state
+from kv_transfer.target import KVTarget
+from pod.worker import PodLoad, read_load, report_engine_state
 from prefill_service.chunk_spans import ChunkSpans
 from prefill_service.kv_shipper import KEEPALIVES_PER_LEASE, KVShipper, Shipment
-from prefill_service.prefill_events import FirstToken, KVTarget, PrefillEvent, TransferDone
+from prefill_service.prefill_events import FirstToken, PrefillEvent, TransferDone
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,13 @@ class PrefillWorker:
         self._draining = True
 
     def load(self) -> PodLoad:
-        """The engine's load after its last step or command (see pod.runtime.PodWorker)."""
+        """The engine's load after its last step or command (see pod.worker.PodWorker)."""
         return self._load
+
+    @property
+    def kv_endpoint(self) -> str:
+        """Empty: a prefill pod sends KV and receives none."""
+        return ""
 
     async def prefill(
         self,
@@ -246,7 +252,7 @@ class PrefillWorker:
             self._shipper.add(req_id, shipment)
             self._chunk_spans.track(req_id, len(prompt_token_ids), trace_context)
 
-        async with aclosing(engine_stream(self._async_engine, req_id, add)) as outputs:
+        async with aclosing(self._async_engine.generate(req_id, add)) as outputs:
             async for output in outputs:
                 if output.new_token_ids:
                     return self._to_first_token(output, params, time.monotonic() - arrival)

@@ -8,10 +8,10 @@ from typing import Any
 import grpc.aio
 
 from common.errors import UnavailableError
+from common.proto_convert import sampling_params_from_pb
 from kv_transfer.state import TransferError
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
-from pod.runtime import transfer_rpc_error
-from prefill_service.convert import kv_target_from_pb, prefill_event_to_pb, sampling_params_from_pb
+from prefill_service.convert import prefill_event_to_pb, request_kv_target
 from prefill_service.prefill_worker import PrefillWorker
 
 SERVICE_NAME = "pdserve.v1.PrefillService"
@@ -30,12 +30,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
     ) -> AsyncIterator[prefill_pb2.PrefillResponse]:
         if self.worker is None:
             raise UnavailableError("prefill pod is still loading")
-        params = sampling_params_from_pb(request.sampling_params)
-        target = kv_target_from_pb(request)
+        params = sampling_params_from_pb(request.sampling_params, max_n=1)
+        target = request_kv_target(request)
         cache_salt = request.cache_salt if request.HasField("cache_salt") else None
         events = self.worker.prefill(list(request.prompt_token_ids), params, target, cache_salt, request.request_id)
         try:
             async for event in events:
                 yield prefill_event_to_pb(event)
         except TransferError as exc:
-            raise transfer_rpc_error(exc, request.request_id) from exc
+            raise exc.for_request(request.request_id) from exc

@@ -33,8 +33,8 @@ from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.completion_run import RunContext
 from router.config import RouterConfig, RoutingConfig
+from router.local_load import LocalLoads
 from router.model_info import ModelInfo
-from router.pod_load import PodLoad
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
@@ -84,7 +84,7 @@ async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: Telemet
     tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, tokenizer_folder), tokenizer_pool.start())
     registry = PodRegistry(config.redis_url)
     directory = PrefixDirectory(config.redis_url)
-    load = PodLoad()
+    load = LocalLoads()
     pods = PodView(
         registry, config.model, config.registry_refresh_s, load, routing.unavailable_cooldown_s,
         routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),

@@ -39,9 +39,10 @@ from common.telemetry import (
     PDSERVE_ROUTE_ATTEMPT,
     Tracing,
 )
+from kv_transfer.target import KVTarget
+from router.local_load import LocalLoads
 from router.outputs import CompletionChunk, CompletionMetrics, FinishReason, FirstToken, TransferDone
-from router.pod_client import PodClient, Reservation
-from router.pod_load import PodLoad
+from router.pod_client import PodClient
 from router.pod_view import PodView
 from router.prefill_tail import cancel_and_wait, result_within, transfer_done, until_transfer_fails
 from router.routing_policy import RoutingPolicy
@@ -58,7 +59,7 @@ class RunContext:
 
     pods: PodView
     policy: RoutingPolicy
-    load: PodLoad
+    load: LocalLoads
     tokenizer: PreTrainedTokenizerBase
     block_size: int
     max_attempts: int
@@ -87,7 +88,7 @@ class _Reserved:
     """KV blocks reserved on a decode pod; `claimed` once a Decode call took them over."""
 
     decode_client: PodClient
-    reservation: Reservation
+    target: KVTarget
     claimed: bool = False
 
 
@@ -219,7 +220,7 @@ class CompletionRun:
         try:
             decode_client = self._ctx.pods.client(decode_pod)
             try:
-                reservation = await decode_client.reserve(
+                target = await decode_client.reserve(
                     request_id, num_prompt_tokens, self._params.max_tokens, self._remaining()
                 )
             except UnavailableError as exc:
@@ -227,11 +228,11 @@ class CompletionRun:
             except ResourceExhaustedError as exc:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise _DecodePodFull(str(exc)) from exc
-            stack.enter_context(self._ctx.load.decoding(decode_pod.pod_id, reservation.num_blocks))
-            reserved = _Reserved(decode_client, reservation)
+            stack.enter_context(self._ctx.load.decoding(decode_pod.pod_id, len(target.block_ids)))
+            reserved = _Reserved(decode_client, target)
             stack.push_async_callback(self._release_unclaimed, reserved)
             prefill_stream = self._ctx.pods.client(prefill_pod).prefill(
-                request_id, self._plan.token_ids, self._params, reservation, self._plan.cache_salt, self._remaining()
+                request_id, self._plan.token_ids, self._params, target, self._plan.cache_salt, self._remaining()
             )
             stack.push_async_callback(prefill_stream.aclose)
             cached_tokens = self._plan.cached_blocks.get(prefill_pod.pod_id, 0) * self._ctx.block_size
@@ -255,7 +256,7 @@ class CompletionRun:
         leg.reserved.claimed = True
         decode_client = leg.reserved.decode_client
         steps = decode_client.decode(
-            f"{self._request_id}.{leg.num_attempts}", leg.reserved.reservation.transfer_id, self._plan.token_ids,
+            f"{self._request_id}.{leg.num_attempts}", leg.reserved.target.transfer_id, self._plan.token_ids,
             leg.first.token_id, self._params, self._plan.cache_salt, self._remaining(),
         )  # fmt: skip
         stack.push_async_callback(steps.aclose)
@@ -313,7 +314,7 @@ class CompletionRun:
         if reserved.claimed:
             return
         try:
-            await reserved.decode_client.release(reserved.reservation.transfer_id, _RELEASE_TIMEOUT_S)
+            await reserved.decode_client.release(reserved.target.transfer_id, _RELEASE_TIMEOUT_S)
         except Exception as exc:
             logger.warning(
                 "request %s: Release on %s failed (the reservation will lapse): %s",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -21,18 +20,10 @@ from common.errors import InvalidArgumentError, ResourceExhaustedError, Unavaila
 from common.grpc_errors import bad_request_fields
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
+from kv_transfer.target import KVTarget
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from pod.convert import kv_target_from_pb, kv_target_to_pb
 from router.outputs import DecodeStep, FirstToken, TransferDone
-
-
-@dataclass(slots=True, frozen=True)
-class Reservation:
-    """KV blocks a decode pod reserved for a request's prompt."""
-
-    transfer_id: str
-    kv_target: kv_transfer_pb2.KVTarget
-    """Passed on to the prefill pod as it is."""
-    num_blocks: int
 
 
 @contextlib.contextmanager
@@ -65,14 +56,13 @@ class PodClient:
 
     async def reserve(
         self, request_id: str, num_prompt_tokens: int, max_tokens: int, timeout: float | None
-    ) -> Reservation:
+    ) -> KVTarget:
         request = decode_pb2.ReserveRequest(
             request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens
         )
         with _mapped_errors(self.pod_id, "Reserve"):
             response = await self._decode.Reserve(request, timeout=timeout)
-        target = response.kv_target
-        return Reservation(target.transfer_id, target, len(target.block_ids))
+        return kv_target_from_pb(response.kv_target, "kv_target")
 
     async def release(self, transfer_id: str, timeout: float | None) -> None:
         with _mapped_errors(self.pod_id, "Release"):
@@ -83,14 +73,14 @@ class PodClient:
         request_id: str,
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
-        reservation: Reservation,
+        target: KVTarget,
         cache_salt: str | None,
         timeout: float | None,
     ) -> AsyncGenerator[FirstToken | TransferDone, None]:
         """The Prefill stream: FirstToken, then TransferDone. Closing the iterator cancels the call."""
         request = prefill_pb2.PrefillRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling_params=sampling_params_to_pb(params),
-            kv_target=reservation.kv_target, cache_salt=cache_salt,
+            kv_target=kv_target_to_pb(target), cache_salt=cache_salt,
         )  # fmt: skip
         call = self._prefill.Prefill(request, timeout=timeout)
         try:

@@ -27,8 +27,8 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
+from router.local_load import LocalLoads
 from router.pod_client import PodClient
-from router.pod_load import PodLoad
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class PodView:
         registry: PodLister,
         model: str,
         refresh_s: float,
-        load: PodLoad,
+        load: LocalLoads,
         cooldown_s: float = 5.0,
         missing_grace_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 from router.config import RoutingConfig
-from router.pod_load import LocalLoad
+from router.local_load import LocalLoad
 
 
 def rendezvous_order(key: bytes, pod_ids: Sequence[str]) -> list[str]:

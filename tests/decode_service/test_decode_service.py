@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 import decode_service.__main__ as decode_main
+import pod.run as pod_run
 from cli.redis_server import RedisServer
 from common.grpc_errors import bad_request_fields
 from engine.config import EngineConfig
@@ -74,14 +75,14 @@ async def test_health_is_not_serving_until_the_engine_is_loaded(
 ) -> None:
     loading = asyncio.Event()
     may_load = asyncio.Event()
-    real_load = decode_main.load_engine
+    real_load = pod_run.load_engine
 
     async def gated_load(config: EngineConfig) -> LLMEngine:
         loading.set()
         await may_load.wait()
         return await real_load(config)
 
-    monkeypatch.setattr(decode_main, "load_engine", gated_load)
+    monkeypatch.setattr(pod_run, "load_engine", gated_load)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

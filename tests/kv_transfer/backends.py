@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kv_transfer import KVReceiver, KVSender, TransferState, make_receiver, make_sender
+from kv_transfer import KVPoolView, KVReceiver, KVSender, TransferState, make_receiver, make_sender
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from tests.kv_transfer.gloo_pair_group import GlooNcclReceiver, GlooNcclSender
 from tests.kv_transfer.pools import BLOCK_SIZE
@@ -33,8 +33,8 @@ class BackendKind:
 def _by_name(name: str, sender_device: str = "cpu", receiver_device: str = "cpu") -> BackendKind:
     return BackendKind(
         name,
-        lambda pool, **options: make_sender(name, pool, BLOCK_SIZE, **options),
-        lambda pool, **options: make_receiver(name, pool, BLOCK_SIZE, **options),
+        lambda pool, **options: make_sender(name, KVPoolView(pool, BLOCK_SIZE), **options),
+        lambda pool, **options: make_receiver(name, KVPoolView(pool, BLOCK_SIZE), **options),
         sender_device,
         receiver_device,
     )

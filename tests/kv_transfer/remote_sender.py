@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from kv_transfer import KVLayout, KVSender, LayoutMismatchError, TransferState, TransferStats, make_sender
+from kv_transfer import KVLayout, KVPoolView, KVSender, LayoutMismatchError, TransferState, TransferStats, make_sender
 from tests.kv_transfer.pools import BLOCK_SIZE, random_pool
 
 CALL_TIMEOUT_S = 120.0
@@ -60,7 +60,7 @@ def _plain(result: Any) -> Any:
 
 def _serve(conn: Connection, spec: SenderSpec) -> None:
     pool = random_pool(spec.num_blocks, seed=spec.seed).to(spec.device)
-    sender: KVSender = make_sender(spec.backend, pool, BLOCK_SIZE)
+    sender: KVSender = make_sender(spec.backend, KVPoolView(pool, BLOCK_SIZE))
     with sender:
         conn.send("ready")
         while (call := conn.recv()) is not None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from kv_transfer import TransferState, TransportError, make_receiver, make_sender
+from kv_transfer import KVPoolView, TransferState, TransportError, make_receiver, make_sender
 from kv_transfer.nccl.gpu_identity import check_distinct_gpus
 from kv_transfer.state import ProtocolError
 from tests.kv_transfer.gloo_pair_group import GlooNcclReceiver, GlooNcclSender
@@ -93,7 +93,10 @@ def test_a_sender_on_the_receivers_gpu_fails_before_any_byte(
 @pytest.mark.gpu
 def test_two_ranks_on_one_real_gpu_are_refused(make_pool: PoolMaker) -> None:
     dst = make_pool(8, seed=2).cuda()
-    with make_receiver("nccl", dst, BLOCK_SIZE) as receiver, make_sender("nccl", dst.clone(), BLOCK_SIZE) as sender:
+    with (
+        make_receiver("nccl", KVPoolView(dst, BLOCK_SIZE)) as receiver,
+        make_sender("nccl", KVPoolView(dst.clone(), BLOCK_SIZE)) as sender,
+    ):
         receiver.expect("t1", [1], lease_s=5.0)
         sender.send("t1", receiver.endpoint, receiver.layout, [0], [1], last=True)
 

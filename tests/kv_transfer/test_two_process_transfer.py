@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from kv_transfer import KVLayout, KVReceiver, TransferState, make_receiver
+from kv_transfer import KVLayout, KVPoolView, KVReceiver, TransferState, make_receiver
 from tests.kv_transfer.backends import needs_two_gpus
 from tests.kv_transfer.pools import BLOCK_SIZE, random_pool
 from tests.kv_transfer.remote_sender import RemoteSender, SenderSpec
@@ -56,7 +56,7 @@ def open_receiver(pair: Pair) -> Iterator[Callable[..., KVReceiver]]:
     opened: list[KVReceiver] = []
 
     def make(pool: torch.Tensor, **kwargs: Any) -> KVReceiver:
-        opened.append(make_receiver(pair.backend, pool, BLOCK_SIZE, **kwargs))
+        opened.append(make_receiver(pair.backend, KVPoolView(pool, BLOCK_SIZE), **kwargs))
         return opened[-1]
 
     yield make

@@ -15,9 +15,10 @@ from common.pod_registry import PodRegistry
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
+from kv_transfer.target import KVTarget
 from pod.config import PodServerConfig, RegistryConfig
 from pod.runtime import PodRuntime
-from prefill_service.prefill_events import KVTarget, PrefillEvent
+from prefill_service.prefill_events import PrefillEvent
 from prefill_service.prefill_worker import PrefillWorker
 from tests.prefill_service.test_prefill_worker import GREEDY, RecordingSender
 

@@ -18,7 +18,8 @@ from engine.llm_engine import LLMEngine
 from kv_transfer.base import KVSender, TransferStats, ignore_hook
 from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferState, UnknownTransferError
-from prefill_service.prefill_events import KVTarget, PrefillEvent, TransferDone
+from kv_transfer.target import KVTarget
+from prefill_service.prefill_events import PrefillEvent, TransferDone
 from prefill_service.prefill_worker import PrefillWorker
 
 pytestmark = pytest.mark.anyio

@@ -27,8 +27,8 @@ from pdserve.v1 import (
     sampling_pb2,
 )
 from router.completion_run import RunContext
+from router.local_load import LocalLoads
 from router.model_info import ModelInfo
-from router.pod_load import PodLoad
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
@@ -237,7 +237,7 @@ async def router_over(
         await serve(pod_id, "prefill", prefill_pb2_grpc.add_PrefillServiceServicer_to_server, prefill)
     for pod_id, decode in decodes.items():
         await serve(pod_id, "decode", decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode)
-    load = PodLoad()
+    load = LocalLoads()
     view = PodView(FakeRegistry(infos), MODEL, refresh_s=60.0, load=load)
     await view.refresh()
     directory = directory or FakeDirectory()

@@ -10,7 +10,7 @@ import pytest
 from cli.redis_server import RedisServer
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-from router.pod_load import PodLoad
+from router.local_load import LocalLoads
 from router.pod_view import PodView
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,7 @@ async def test_keeps_the_last_list_while_redis_is_down_and_sees_new_pods_after_r
 ) -> None:
     # NOTE: short timeouts so each failed read costs little; the router's defaults are the registry's.
     registry = PodRegistry(redis_server.url, ttl_s=30.0, timeout_s=0.2)
-    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    view = PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads())
     try:
         await registry.register(P0)
         await registry.register(D0)
@@ -61,7 +61,7 @@ async def test_keeps_the_last_list_while_redis_is_down_and_sees_new_pods_after_r
 
 async def test_draining_and_other_model_pods_take_no_new_requests(redis_server: RedisServer) -> None:
     registry = PodRegistry(redis_server.url)
-    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    view = PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads())
     try:
         await registry.register(dataclasses.replace(P0, draining=True))
         await registry.register(dataclasses.replace(P1, model="another-model"))
@@ -80,7 +80,7 @@ async def test_draining_and_other_model_pods_take_no_new_requests(redis_server: 
 async def test_unavailable_pods_cool_down_unless_no_other_is_left(redis_server: RedisServer) -> None:
     registry = PodRegistry(redis_server.url)
     clock = _Clock()
-    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad(), cooldown_s=5.0, clock=clock)
+    view = PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads(), cooldown_s=5.0, clock=clock)
     try:
         await registry.register(P0)
         await registry.register(P1)
@@ -101,7 +101,7 @@ async def test_unavailable_pods_cool_down_unless_no_other_is_left(redis_server: 
 
 async def test_one_client_per_pod_replaced_when_the_pod_moves(redis_server: RedisServer) -> None:
     registry = PodRegistry(redis_server.url)
-    view = PodView(registry, MODEL, refresh_s=60.0, load=PodLoad())
+    view = PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads())
     try:
         client = view.client(P0)
         assert view.client(P0) is client
@@ -116,7 +116,7 @@ async def test_one_client_per_pod_replaced_when_the_pod_moves(redis_server: Redi
 
 async def test_background_refresh_picks_up_a_new_pod(redis_server: RedisServer) -> None:
     registry = PodRegistry(redis_server.url)
-    view = PodView(registry, MODEL, refresh_s=0.05, load=PodLoad())
+    view = PodView(registry, MODEL, refresh_s=0.05, load=LocalLoads())
     try:
         await view.start()
         assert view.pods("prefill") == []
@@ -144,7 +144,7 @@ class _FakeRegistry:
 
 
 def _grace_view(registry: _FakeRegistry, clock: _Clock) -> PodView:
-    return PodView(registry, MODEL, refresh_s=60.0, load=PodLoad(), missing_grace_s=3.0, clock=clock)
+    return PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads(), missing_grace_s=3.0, clock=clock)
 
 
 async def test_a_pod_missing_from_a_restarted_registry_stays_for_one_ttl() -> None:

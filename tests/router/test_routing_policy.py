@@ -10,7 +10,7 @@ import pytest
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 from router.config import RoutingConfig
-from router.pod_load import LocalLoad, PodLoad
+from router.local_load import LocalLoad, LocalLoads
 from router.routing_policy import RoutingPolicy, rendezvous_order
 
 BLOCK_SIZE = 16
@@ -119,7 +119,7 @@ def test_decode_prefers_room_for_the_whole_request_then_fewer_running_then_more_
 
 def test_decode_counts_this_routers_reservations_since_the_last_report() -> None:
     d0, d1 = _decode("d0", free=20), _decode("d1", free=15)
-    load = PodLoad()
+    load = LocalLoads()
     assert POLICY.pick_decode([d0, d1], 100, 60, load.get).pod_id == "d0"
     with load.decoding("d0", num_blocks=7):
         # d0: 13 free by our count, too few for 10 + 1 running; d1 still has 15 and none running.
@@ -131,7 +131,7 @@ def test_decode_counts_this_routers_reservations_since_the_last_report() -> None
 
 
 def test_pod_load_counts_prefill_tokens_and_decodes_while_they_last() -> None:
-    load = PodLoad()
+    load = LocalLoads()
     with load.prefilling("p0", 30), load.prefilling("p0", 12):
         assert load.get("p0") == LocalLoad(queued_prefill_tokens=42)
     with load.decoding("d0", 4):

@@ -27,7 +27,7 @@ class LocalLoad:
 _IDLE = LocalLoad()
 
 
-class PodLoad:
+class LocalLoads:
     """Per-pod counters of this router's outstanding work; the routing policy reads `get`."""
 
     def __init__(self) -> None:

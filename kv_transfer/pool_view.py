@@ -1,0 +1,22 @@
+"""The executor-facing seam of KV transfer: one rank's KV pool, as the engine hands it to a sender or receiver.
+
+A pod's engine gives one view per rank (`LLMEngine.kv_pool_views`); each backend reads or writes one view, so a
+tensor-parallel pod ships its KV rank to rank over one transfer per view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(slots=True, frozen=True)
+class KVPoolView:
+    """One rank's KV pool: a contiguous tensor shaped like `kv_transfer.layout.POOL_DIMS`."""
+
+    pool: torch.Tensor
+    block_size: int
+    rank: int = 0
