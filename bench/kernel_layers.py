@@ -90,6 +90,37 @@ def randn(*shape: int, gen: torch.Generator) -> torch.Tensor:
 
 def make_ops(gen: torch.Generator) -> list[Op]:
     weight, q_weight, k_weight = (1 + 0.3 * randn(size, gen=gen) for size in (HIDDEN, D, D))
+    return [
+        Op(
+            "rms_norm",
+            2 * HIDDEN * ITEM,
+            HIDDEN * ITEM,
+            lambda t: (randn(t, HIDDEN, gen=gen),),
+            lambda x: (triton_rms_norm.rms_norm(x, weight, EPS),),
+            lambda x: (layernorm.rms_norm(x, weight, EPS),),
+        ),
+        Op(
+            "fused_add_rms_norm",
+            4 * HIDDEN * ITEM,
+            HIDDEN * ITEM,
+            lambda t: (randn(t, HIDDEN, gen=gen), randn(t, HIDDEN, gen=gen)),
+            lambda x, residual: triton_rms_norm.fused_add_rms_norm(x, residual, weight, EPS),
+            lambda x, residual: layernorm.fused_add_rms_norm(x, residual, weight, EPS),
+        ),
+        _rope_op(q_weight, k_weight, gen),
+        Op(
+            "silu_and_mul",
+            3 * INTERMEDIATE * ITEM,
+            0,
+            lambda t: (randn(t, 2 * INTERMEDIATE, gen=gen),),
+            lambda gate_up: (triton_activation.silu_and_mul(gate_up),),
+            lambda gate_up: (activation.silu_and_mul(gate_up),),
+        ),
+    ]
+
+
+def _rope_op(q_weight: torch.Tensor, k_weight: torch.Tensor, gen: torch.Generator) -> Op:
+    """qk_norm_rope_store: the fused Triton kernel against RMSNorm, RoPE and the KV store in eager torch."""
     cos_sin = cos_sin_cache(D, MAX_POSITION, ROPE_THETA, None).to(DEVICE)
     cos, sin = (torch.cat((half, half), dim=-1) for half in cos_sin.chunk(2, dim=-1))
     # NOTE: two layers, so the layer written is a strided view as in the engine's pool.
@@ -115,33 +146,7 @@ def make_ops(gen: torch.Generator) -> list[Op]:
         return q, kv_cache
 
     rope_bytes = ((HQ + 2 * HKV) * D + HQ * D + 2 * HKV * D) * ITEM + D * 4 + 2 * 8
-    return [
-        Op(
-            "rms_norm",
-            2 * HIDDEN * ITEM,
-            HIDDEN * ITEM,
-            lambda t: (randn(t, HIDDEN, gen=gen),),
-            lambda x: (triton_rms_norm.rms_norm(x, weight, EPS),),
-            lambda x: (layernorm.rms_norm(x, weight, EPS),),
-        ),
-        Op(
-            "fused_add_rms_norm",
-            4 * HIDDEN * ITEM,
-            HIDDEN * ITEM,
-            lambda t: (randn(t, HIDDEN, gen=gen), randn(t, HIDDEN, gen=gen)),
-            lambda x, residual: triton_rms_norm.fused_add_rms_norm(x, residual, weight, EPS),
-            lambda x, residual: layernorm.fused_add_rms_norm(x, residual, weight, EPS),
-        ),
-        Op("qk_norm_rope_store", rope_bytes, 2 * D * ITEM, rope_inputs, rope_fused, rope_eager),
-        Op(
-            "silu_and_mul",
-            3 * INTERMEDIATE * ITEM,
-            0,
-            lambda t: (randn(t, 2 * INTERMEDIATE, gen=gen),),
-            lambda gate_up: (triton_activation.silu_and_mul(gate_up),),
-            lambda gate_up: (activation.silu_and_mul(gate_up),),
-        ),
-    ]
+    return Op("qk_norm_rope_store", rope_bytes, 2 * D * ITEM, rope_inputs, rope_fused, rope_eager)
 
 
 def bench_op(op: Op, num_tokens: int, copy_gb_s: float) -> dict[str, Any]:

@@ -51,6 +51,16 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, ModelChoice], dict[str, Any]]]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the online workloads (the caller adds --workload, one of WORKLOADS)."""
+    _add_cluster_arguments(parser)
+    _add_load_arguments(parser)
+    slo = parser.add_argument_group("SLO (w7)")
+    slo.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO (default: 400 ms for inputs <= 1024, else 1500 ms)")
+    slo.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT SLO, first token excluded (default: 50)")
+    slo.add_argument("--slo-attainment", type=float, default=0.9, help="goodput target fraction (default: 0.9)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("cluster (started for the run unless --address is given)")
     cluster.add_argument("--address", help="host:port of a running router; default: start a LocalCluster")
     model = cluster.add_mutually_exclusive_group()
@@ -73,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "LocalCluster runs on the same device)")  # fmt: skip
     cluster.add_argument("--log-dir", type=Path, help="the cluster's process logs (default: a temp folder)")
     cluster.add_argument("--startup-timeout-s", type=float, default=600.0)
+
+
+def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group(
         "load", "unset lengths and counts take the workload's defaults: --input-len/--output-len w2online 2048/4, "
         "w5 200/180 (means), w7 512/64, w8 128/32, w9 100/8 (after --prefix-len); --num-prompts w2online 10, w9 8",
@@ -96,11 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--prompt-format", choices=("text", "token_ids"), default="text",
                       help="w8: prompts as text (the router tokenizes them) or token ids (default: text)")  # fmt: skip
     load.add_argument("--prefix-len", type=int, default=2048, help="w9: shared system prompt tokens (default: 2048)")
-    slo = parser.add_argument_group("SLO (w7)")
-    slo.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO (default: 400 ms for inputs <= 1024, else 1500 ms)")
-    slo.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT SLO, first token excluded (default: 50)")
-    slo.add_argument("--slo-attainment", type=float, default=0.9, help="goodput target fraction (default: 0.9)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

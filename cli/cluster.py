@@ -8,9 +8,8 @@ every pod is in the Redis registry; a process that exits early stops everything 
 kills what is left, and stops Redis last. The tests also add, stop and signal single pods, and stop
 and restart Redis on the same port.
 
-Telemetry: every process serves Prometheus /metrics (`--metrics-port`): the router on `metrics_port`, the
-first prefill pod on `metrics_port + 1`, the first decode pod on `metrics_port + 2`, further pods on free
-ports (all on free ports with `metrics_port=0`; none with None); `otlp_endpoint` goes to every process.
+What it starts, and each process's /metrics port, is a `ClusterConfig` (cli.cluster_config); each child is a
+`ServiceProcess` (cli.service_process). Callers import all of them from here (`__all__`).
 
 Every method blocks and may be called from any thread, also one running an event loop.
 """
@@ -23,144 +22,26 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from cli.cluster_config import DEFAULT_METRICS_PORT, METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.redis_server import RedisServer
-from common.errors import InvalidArgumentError
-from common.grpc_server import wait_for_health
+from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-from engine.config import DEFAULT_MODEL
+
+__all__ = ["DEFAULT_METRICS_PORT", "ClusterConfig", "ClusterError", "LocalCluster", "Role", "ServiceProcess"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Role = Literal["router", "prefill", "decode"]
-
-ENTRY_POINTS: Mapping[Role, tuple[str, ...]] = {
-    "router": (sys.executable, "-m", "router"),
-    "prefill": (sys.executable, "-m", "prefill_service"),
-    "decode": (sys.executable, "-m", "decode_service"),
-}
-"""The command that starts each role; its flags follow (see the service conventions)."""
-
-_POLL_S = 0.1
-_LOG_TAIL_LINES = 30
-DEFAULT_METRICS_PORT = 9100
-_METRICS_PORT_OFFSETS: Mapping[Role, int] = {"router": 0, "prefill": 1, "decode": 2}
-
-
-class ClusterError(RuntimeError):
-    """A cluster process failed to start or exited; the message carries its log tail."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterConfig:
-    """What `LocalCluster` starts and how."""
-
-    num_prefill: int = 1
-    num_decode: int = 1
-    host: str = "127.0.0.1"
-    port: int = 50051
-    """The router's port; 0 picks a free one."""
-    redis_url: str | None = None
-    """An existing Redis; None starts a throwaway redis-server (stopped with the cluster)."""
-    model: str = DEFAULT_MODEL
-    kv_transfer_backend: str = "tcp"
-    registry_refresh_s: float = 1.0
-    """How often the router re-reads the pod registry (its --registry-refresh-s)."""
-    pod_args: tuple[str, ...] = ()
-    """Extra flags for every pod (engine flags such as --num-blocks, --heartbeat-s)."""
-    router_args: tuple[str, ...] = ()
-    """Extra flags for the router."""
-    log_dir: Path | None = None
-    """Where each process writes `<name>.log`; None: a new temporary folder."""
-    startup_timeout_s: float = 600.0
-    stop_timeout_s: float = 35.0
-    """How long a SIGTERMed process may take (pods drain in-flight requests) before it is killed."""
-    show_progress: bool = False
-    """A tqdm bar on stderr while the processes load."""
-    metrics_port: int | None = DEFAULT_METRICS_PORT
-    """The router's /metrics port; the first prefill and decode pods use the next two (see the module
-    docstring); 0: free ports for every process; None: no /metrics endpoints."""
-    otlp_endpoint: str | None = None
-    """OTLP collector every process sends its spans to (their --otlp-endpoint); None: tracing off."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment variables of every process (e.g. OTEL_BSP_SCHEDULE_DELAY)."""
-    entry_points: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: dict(ENTRY_POINTS))
-
-    def __post_init__(self) -> None:
-        for name in ("num_prefill", "num_decode"):
-            if getattr(self, name) < 1:
-                raise InvalidArgumentError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.port < 1 << 16:
-            raise InvalidArgumentError("port", f"must be in [0, 65535], got {self.port}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port < (1 << 16) - 2:
-            raise InvalidArgumentError("metrics_port", f"must be in [0, 65533], got {self.metrics_port}")
-
-
-class ServiceProcess:
-    """One child process of the cluster; stdout and stderr go to its own log file."""
-
-    def __init__(
-        self,
-        name: str,
-        argv: Sequence[str],
-        address: str,
-        log_path: Path,
-        env: Mapping[str, str],
-        metrics_url: str | None = None,
-    ) -> None:
-        self.name = name
-        self.address = address
-        """host:port of its gRPC server."""
-        self.metrics_url = metrics_url
-        """http://host:port/metrics of its Prometheus endpoint; None when it serves none."""
-        self.log_path = log_path
-        with log_path.open("ab") as log:
-            # NOTE: a session of its own, so a Ctrl-C in the terminal reaches only the CLI, which then
-            # stops the children in order (router first, Redis last) instead of all at once.
-            self._popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
-                start_new_session=True,
-            )  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code, or None while it runs."""
-        return self._popen.poll()
-
-    def send_signal(self, sig: signal.Signals) -> None:
-        if self._popen.poll() is None:
-            self._popen.send_signal(sig)
-
-    def wait_or_kill(self, timeout_s: float) -> int:
-        """Wait up to `timeout_s` for it to exit, then SIGKILL it; its exit code."""
-        try:
-            return self._popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("%s did not exit within %.1f s; killing it", self.name, timeout_s)
-            self._popen.kill()
-            return self._popen.wait()
-
-    def log_tail(self, num_lines: int = _LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
 
 
 class LocalCluster:
@@ -248,7 +129,7 @@ class LocalCluster:
         """The first cluster process that has exited, if any."""
         return next((p for p in self._processes() if p.returncode is not None), None)
 
-    def log_tails(self, num_lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tails(self, num_lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of every process's log, one section per process."""
         return "\n".join(f"----- {p.name} ({p.log_path}) -----\n{p.log_tail(num_lines)}" for p in self._processes())
 
@@ -301,7 +182,7 @@ class LocalCluster:
             telemetry += ["--otlp-endpoint", self.config.otlp_endpoint]
         if self.config.metrics_port is not None:
             base = self.config.metrics_port
-            metrics_port = base + _METRICS_PORT_OFFSETS[role] if base and first else _free_port()
+            metrics_port = base + METRICS_PORT_OFFSETS[role] if base and first else _free_port()
             telemetry += ["--metrics-port", str(metrics_port), "--metrics-host", self.config.host]
             metrics_url = f"http://{_connect_host(self.config.host)}:{metrics_port}/metrics"
         argv = [*self.config.entry_points[role], *args, *telemetry]
@@ -321,7 +202,7 @@ class LocalCluster:
         ):
 
             async def one(process: ServiceProcess) -> None:
-                await _serving(process, timeout_s)
+                await process.wait_serving(timeout_s)
                 bar.update(1)
                 logger.info("%s serving on %s after %.1f s", process.name, process.address, time.monotonic() - started)
 
@@ -355,22 +236,6 @@ class LocalCluster:
             return pool.submit(asyncio.run, coro).result()
 
 
-async def _serving(process: ServiceProcess, timeout_s: float) -> None:
-    """Wait for SERVING; raise ClusterError (with the log tail) if the process exits or times out first."""
-    health = asyncio.ensure_future(wait_for_health(process.address, timeout_s))
-    try:
-        while not health.done():
-            if process.returncode is not None:
-                raise ClusterError(f"{process.name} exited with code {process.returncode} while starting; "
-                                   f"log tail ({process.log_path}):\n{process.log_tail()}")  # fmt: skip
-            await asyncio.wait([health], timeout=_POLL_S)
-        health.result()
-    except TimeoutError as exc:
-        raise ClusterError(f"{exc}; log tail of {process.name} ({process.log_path}):\n{process.log_tail()}") from exc
-    finally:
-        health.cancel()
-
-
 async def _registered(redis_url: str, pod_ids: Sequence[str], timeout_s: float) -> None:
     """Wait until every pod id is in the registry and not draining."""
     registry = PodRegistry(redis_url)
@@ -383,7 +248,7 @@ async def _registered(redis_url: str, pod_ids: Sequence[str], timeout_s: float) 
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(f"pods {missing} serve but are not in the registry at {redis_url}")
-            await asyncio.sleep(_POLL_S)
+            await asyncio.sleep(POLL_S)
     finally:
         await registry.aclose()
 

@@ -51,7 +51,11 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         self._totals = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0}
         self._server: WSGIServer | None = None
+        self._register_vllm_metrics()
+        self._register_disaggregation_metrics()
 
+    def _register_vllm_metrics(self) -> None:
+        """vLLM's request latencies, engine state and token counts."""
         self._ttft = self._histogram("time_to_first_token_seconds", "Time to first token (s).", TTFT_BUCKETS)
         self._itl = self._histogram("inter_token_latency_seconds", "Inter-token latency (s).", TOKEN_LATENCY_BUCKETS)
         self._tpot = self._histogram(
@@ -75,6 +79,8 @@ class ServiceMetrics:
         self._preemptions = self._counter("num_preemptions", "Requests preempted (recomputed later).")
         self._success = self._counter("request_success", "Finished requests by finish reason.", "finished_reason")
 
+    def _register_disaggregation_metrics(self) -> None:
+        """pdserve's own: KV transfer, prefix directory and router."""
         self._kv_duration = self._histogram(
             "kv_transfer_duration_seconds", "One request's KV transfer, first block to last ack (s).",
             KV_TRANSFER_BUCKETS, "backend",

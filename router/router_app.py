@@ -1,0 +1,140 @@
+"""`RouterApp`: the router process's parts, wired once, for every front end it serves.
+
+- `await RouterApp.open(config, routing, telemetry)`: SIGTERM and SIGINT set `stopping` from here on; resolve the
+  model; tracing (OTLP when an endpoint is known, else no exporter at all) and Prometheus /metrics on
+  `--metrics-port`; start the tokenizer pool; then, without I/O, the pod registry, the prefix directory, the pod
+  view, the request `lifecycle` front ends serve, and the gRPC server: pdserve.v1.GenerationService plus health
+  (NOT_SERVING) and reflection, bound to `port`.
+- `start()`: the gRPC server starts, the pod view reads the registry, health turns SERVING.
+- `drain()`: health NOT_SERVING, so load balancers and clients stop sending new calls.
+- `close(grace_s)`: the gRPC server stops (in-flight calls get `grace_s`), then the pod view, the tokenizer pool,
+  the directory and the registry close; queued spans are exported; /metrics stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+import grpc.aio
+from transformers import PreTrainedTokenizerBase
+
+from common.grpc_errors import ErrorInterceptor
+from common.grpc_server import add_standard_services
+from common.metrics import ServiceMetrics
+from common.pod_registry import PodRegistry
+from common.prefix_directory import PrefixDirectory
+from common.telemetry import Tracing, setup_tracing
+from common.telemetry_config import TelemetryConfig
+from engine.model_store import resolve_model
+from pdserve.v1 import generation_pb2_grpc
+from router.completion_run import RunContext
+from router.config import RouterConfig, RoutingConfig
+from router.local_load import LocalLoads
+from router.model_info import ModelInfo
+from router.pod_view import PodView
+from router.request_lifecycle import RequestLifecycle
+from router.routing_policy import RoutingPolicy
+from router.server import SERVICE_NAME, GenerationServicer
+from router.tokenizer_pool import TokenizerPool, load_tokenizer
+
+logger = logging.getLogger("router")
+
+
+class RouterApp:
+    """One router process: the request lifecycle over the pods, its gRPC server, health and telemetry."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        routing: RoutingConfig,
+        model: ModelInfo,
+        tokenizer_pool: TokenizerPool,
+        tokenizer: PreTrainedTokenizerBase,
+        tracing: Tracing,
+        metrics: ServiceMetrics,
+        stopping: asyncio.Event,
+    ) -> None:
+        """Wire the parts that need no I/O; `open` makes the others and calls this."""
+        self.config = config
+        self.tracing = tracing
+        self.metrics = metrics
+        self.stopping = stopping
+        """Set by SIGTERM or SIGINT."""
+        self._tokenizer_pool = tokenizer_pool
+        self._registry = PodRegistry(config.redis_url)
+        self._directory = PrefixDirectory(config.redis_url)
+        load = LocalLoads()
+        self._pods = PodView(
+            self._registry, config.model, config.registry_refresh_s, load, routing.unavailable_cooldown_s,
+            routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
+        )  # fmt: skip
+        context = RunContext(
+            self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
+            routing.max_attempts, time.monotonic, tracing, metrics,
+        )  # fmt: skip
+        self._server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), ErrorInterceptor()])
+        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context)
+        """What every front end serves: Generate, Tokenize and the model's info."""
+        generation_pb2_grpc.add_GenerationServiceServicer_to_server(
+            GenerationServicer(self.lifecycle, metrics), self._server
+        )
+        self._health = add_standard_services(self._server, [SERVICE_NAME])
+        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        """The gRPC server's bound port (`config.port` 0 picks a free one)."""
+
+    @classmethod
+    async def open(cls, config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig) -> RouterApp:
+        """Everything up to `start` (see the module docstring)."""
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        folder = await asyncio.to_thread(resolve_model, config.model)
+        model = ModelInfo.from_folder(config.model, folder, config.block_size)
+        tracing = setup_tracing(telemetry, "router")
+        if not tracing.enabled:
+            logger.info("tracing off: no OTLP endpoint, no exporter")
+        metrics = ServiceMetrics("router")
+        metrics_port = metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
+        if metrics_port is not None:
+            logger.info("metrics on http://%s:%d/metrics", telemetry.metrics_host, metrics_port)
+        tokenizer_folder = folder
+        if config.tokenizer is not None:
+            tokenizer_folder = await asyncio.to_thread(resolve_tokenizer, config.tokenizer)
+        tokenizer_pool = TokenizerPool(
+            tokenizer_folder, config.tokenizer_pool_size, metrics.observe_tokenizer_queue_time
+        )
+        tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, tokenizer_folder), tokenizer_pool.start())
+        return cls(config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping)
+
+    async def start(self) -> None:
+        """Serve: the gRPC server starts, the pod view reads the registry, health turns SERVING."""
+        await self._server.start()
+        await self._pods.start()
+        await self._health.set_serving()
+
+    async def drain(self) -> None:
+        """Health NOT_SERVING: new calls go elsewhere; in-flight ones go on until `close`."""
+        await self._health.set_not_serving()
+
+    async def close(self, grace_s: float | None) -> None:
+        """Stop the gRPC server (in-flight calls get `grace_s`; None: cancelled now), then everything else."""
+        await self._server.stop(grace_s)
+        await self._pods.aclose()
+        await self._tokenizer_pool.aclose()
+        await self._directory.aclose()
+        await self._registry.aclose()
+        await self.tracing.aclose()
+        self.metrics.close()
+
+
+def resolve_tokenizer(name: str) -> Path:
+    """The folder of `--tokenizer`: a folder holding tokenizer.json as it is, else a model name (`resolve_model`)."""
+    path = Path(name).expanduser()
+    if (path / "tokenizer.json").is_file():
+        return path
+    return resolve_model(name)
