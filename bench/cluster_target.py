@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.cluster import ClusterConfig, LocalCluster
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
 from common.pod_registry import PodRegistry
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model

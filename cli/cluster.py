@@ -9,7 +9,7 @@ kills what is left, and stops Redis last. The tests also add, stop and signal si
 and restart Redis on the same port.
 
 What it starts, and each process's /metrics port, is a `ClusterConfig` (cli.cluster_config); each child is a
-`ServiceProcess` (cli.service_process). Callers import all of them from here (`__all__`).
+`ServiceProcess` (cli.service_process).
 
 Every method blocks and may be called from any thread, also one running an event loop.
 """
@@ -32,12 +32,10 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from cli.cluster_config import DEFAULT_METRICS_PORT, METRICS_PORT_OFFSETS, ClusterConfig, Role
+from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.redis_server import RedisServer
 from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-
-__all__ = ["DEFAULT_METRICS_PORT", "ClusterConfig", "ClusterError", "LocalCluster", "Role", "ServiceProcess"]
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,9 @@ from typing import cast
 import grpc
 
 from cli.client import generate
-from cli.cluster import DEFAULT_METRICS_PORT, ClusterConfig, ClusterError, LocalCluster
+from cli.cluster import LocalCluster
+from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig
+from cli.service_process import ClusterError
 from common.errors import InvalidArgumentError
 from common.grpc_errors import bad_request_fields
 from engine.config import DEFAULT_MODEL

@@ -11,7 +11,8 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from cli.client import GenerationClient
-from cli.cluster import ClusterConfig, LocalCluster
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle
 
 _clusters: list[LocalCluster] = []

@@ -23,7 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.client import GenerationClient
-from cli.cluster import ClusterConfig, LocalCluster
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
 from common.grpc_server import wait_for_health
 from common.telemetry import (
     GEN_AI_OPERATION_NAME,
