@@ -30,12 +30,11 @@ from common.metrics import ServiceMetrics
 from common.sampling_params import SamplingParams
 from common.telemetry import (
     EVENT_DECODE_ADMITTED,
-    GEN_AI_RESPONSE_FINISH_REASONS,
-    GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_KV_TRANSFER_ID,
     PDSERVE_REQUEST_ID,
     Tracing,
 )
+from decode_service.decode_metrics import measured
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
@@ -46,7 +45,6 @@ from pod.worker import PodLoad, read_load, report_engine_state
 
 logger = logging.getLogger(__name__)
 
-EVENT_FIRST_DECODE_TOKEN = "first_decode_token"
 _MIN_POLL_S = 0.001
 _MAX_POLL_S = 0.005
 _ENDED_ERRORS: dict[TransferState, type[TransferError]] = {
@@ -169,7 +167,7 @@ class DecodeWorker:
 
             try:
                 async with aclosing(self._async_engine.generate(transfer_id, admit)) as outputs:
-                    async for output in self._measured(outputs, arrival, generate):
+                    async for output in measured(outputs, self._metrics, arrival, generate):
                         finish_reason = output.finish_reason
                         yield output
             finally:
@@ -180,30 +178,6 @@ class DecodeWorker:
             self._receiver.abort(transfer_id)
             if finish_reason is None:
                 logger.info("decode of request %r (transfer %s) ended early: aborted", request_id, transfer_id)
-
-    async def _measured(
-        self, outputs: AsyncIterator[EngineOutput], arrival: float, span: trace.Span
-    ) -> AsyncIterator[EngineOutput]:
-        """The outputs, with the decode pod's metrics and the "decode.generate" span's event and attributes."""
-        admitted = last = time.monotonic()
-        num_tokens = 0
-        async for output in outputs:
-            now = time.monotonic()
-            if output.new_token_ids:
-                if num_tokens == 0:
-                    span.add_event(EVENT_FIRST_DECODE_TOKEN)
-                itl = None if num_tokens == 0 else now - last
-                num_tokens += len(output.new_token_ids)
-                self._metrics.observe_output_tokens(len(output.new_token_ids), itl)
-                last = now
-            if output.finish_reason is not None:
-                span.set_attributes(
-                    {GEN_AI_USAGE_OUTPUT_TOKENS: num_tokens + 1, GEN_AI_RESPONSE_FINISH_REASONS: [output.finish_reason]}
-                )
-                self._metrics.observe_finished(
-                    output.finish_reason, now - arrival, num_tokens + 1, decode_s=now - admitted
-                )
-            yield output
 
     def release(self, transfer_id: str) -> None:
         """Free a reservation now; unknown, ended or claimed transfers are left alone."""

@@ -20,15 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
-
-from opentelemetry import trace
-from transformers import PreTrainedTokenizerBase
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from common.detokenizer import IncrementalDetokenizer
 from common.errors import ResourceExhaustedError, UnavailableError
-from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRole
 from common.sampling_params import SamplingParams
 from common.telemetry import (
@@ -37,50 +33,17 @@ from common.telemetry import (
     PDSERVE_DIRECTORY_LATENCY_S,
     PDSERVE_PREFILL_POD,
     PDSERVE_ROUTE_ATTEMPT,
-    Tracing,
 )
 from kv_transfer.target import KVTarget
-from router.local_load import LocalLoads
 from router.outputs import CompletionChunk, CompletionMetrics, FinishReason, FirstToken, TransferDone
 from router.pod_client import PodClient
-from router.pod_view import PodView
 from router.prefill_tail import cancel_and_wait, result_within, transfer_done, until_transfer_fails
-from router.routing_policy import RoutingPolicy
+from router.run_context import PromptPlan, RunContext
 
 logger = logging.getLogger(__name__)
 
 _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
-
-
-@dataclass(slots=True, frozen=True)
-class RunContext:
-    """What every completion the router runs shares."""
-
-    pods: PodView
-    policy: RoutingPolicy
-    load: LocalLoads
-    tokenizer: PreTrainedTokenizerBase
-    block_size: int
-    max_attempts: int
-    clock: Callable[[], float]
-    tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
-    metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
-
-
-@dataclass(slots=True, frozen=True)
-class PromptPlan:
-    """What the completions of one Generate call share: the prompt and where its prefix is cached."""
-
-    request_id: str
-    token_ids: list[int]
-    routing_key: bytes
-    cached_blocks: Mapping[str, int]
-    cache_salt: str | None
-    arrival: float
-    deadline: float | None
-    directory_latency_s: float | None = None
-    """How long the prefix directory lookup took (None: none was made)."""
 
 
 @dataclass(slots=True)

@@ -35,9 +35,10 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
-from router.completion_run import CompletionRun, PromptPlan, RunContext
+from router.completion_run import CompletionRun
 from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage
+from router.run_context import PromptPlan, RunContext
 from router.tokenizer_pool import ChatMessage, TokenizerPool
 
 MAX_N = 128

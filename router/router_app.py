@@ -31,13 +31,13 @@ from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
-from router.completion_run import RunContext
 from router.config import RouterConfig, RoutingConfig
 from router.local_load import LocalLoads
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
+from router.run_context import RunContext
 from router.server import SERVICE_NAME, GenerationServicer
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 

@@ -26,12 +26,12 @@ from pdserve.v1 import (
     prefill_pb2_grpc,
     sampling_pb2,
 )
-from router.completion_run import RunContext
 from router.local_load import LocalLoads
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
+from router.run_context import RunContext
 from router.server import GenerationServicer
 from router.tokenizer_pool import TokenizerPool
 

@@ -1,0 +1,46 @@
+"""What the completions the router runs share (`RunContext`), and what the completions of one Generate call
+share (`PromptPlan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from transformers import PreTrainedTokenizerBase
+
+from common.metrics import ServiceMetrics
+from common.telemetry import Tracing
+from router.local_load import LocalLoads
+from router.pod_view import PodView
+from router.routing_policy import RoutingPolicy
+
+
+@dataclass(slots=True, frozen=True)
+class RunContext:
+    """What every completion the router runs shares."""
+
+    pods: PodView
+    policy: RoutingPolicy
+    load: LocalLoads
+    tokenizer: PreTrainedTokenizerBase
+    block_size: int
+    max_attempts: int
+    clock: Callable[[], float]
+    tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
+    metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
+
+
+@dataclass(slots=True, frozen=True)
+class PromptPlan:
+    """What the completions of one Generate call share: the prompt and where its prefix is cached."""
+
+    request_id: str
+    token_ids: list[int]
+    routing_key: bytes
+    cached_blocks: Mapping[str, int]
+    cache_salt: str | None
+    arrival: float
+    deadline: float | None
+    directory_latency_s: float | None = None
+    """How long the prefix directory lookup took (None: none was made)."""
