@@ -2,8 +2,9 @@
 # Run HERE, once, on a Debian/Ubuntu x86-64 machine with network access: fills .whl/ (git-ignored) with what the
 # GPU machine lacks to run a pdserve cluster there (router, pods, Redis, the online benchmarks):
 #   - pinned wheels for CPython 3.12, no dependencies resolved (each pin's needs are pinned here too);
-#   - Debian's redis-server as .deb packages, plus the packages of every shared library it links beyond glibc and
-#     the C++ runtime (found with ldd here), so that it runs whatever the GPU machine's distribution holds.
+#   - Debian's redis-server (and redis-tools) as .deb packages, plus the packages of every shared library their
+#     binaries link beyond glibc and the C++ runtime (found with ldd here), so that they run whatever the GPU
+#     machine's distribution holds.
 # There, at the start of each command: `source scripts/device_env.sh` (with `.whl` in the run's carry list).
 #
 # Environment: WHEEL_DIR (default .whl).
@@ -44,7 +45,7 @@ python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-bin
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$DEST" "${WHEELS[@]}"
 
-echo "==> redis-server and the packages of the libraries it links"
+echo "==> redis-server, redis-tools and the packages of the libraries their binaries link"
 workdir="$(mktemp -d)"
 trap 'rm -rf "$workdir"' EXIT
 (cd "$workdir" && apt-get download -qq redis-server redis-tools 2>/dev/null)
@@ -53,8 +54,11 @@ for deb in "$workdir"/*.deb; do dpkg-deb -x "$deb" "$workdir/root"; done
 # The package that holds a library (by file name: on merged-/usr systems its path may be /lib or /usr/lib).
 owner() { dpkg -S "*/$(basename "$1")" 2>/dev/null | head -n1 | cut -d: -f1; }
 linked() { ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'; }
+# NOTE: every binary the packages ship, not only redis-server (in Debian 12 a symlink to redis-check-rdb):
+# redis-cli and redis-benchmark are linked apart and could need more.
+binaries() { find "$1/usr/bin" -type f -perm -u+x | sort; }
 packages=()
-for lib in $(linked "$workdir/root/usr/bin/redis-check-rdb"); do
+for lib in $(for bin in $(binaries "$workdir/root"); do linked "$bin"; done | sort -u); do
   package="$(owner "$lib")"
   [[ -n "$package" ]] || { echo "no package holds $lib" >&2; exit 1; }
   [[ " $BASE_PACKAGES " == *" $package "* ]] || packages+=("$package")
@@ -71,11 +75,14 @@ done
 # Check: with only the carried libraries on LD_LIBRARY_PATH, nothing but the base resolves from this system.
 for deb in "$DEST"/*.deb; do dpkg-deb -x "$deb" "$workdir/carried"; done
 libpath="$workdir/carried/usr/lib/x86_64-linux-gnu:$workdir/carried/lib/x86_64-linux-gnu"
-for lib in $(LD_LIBRARY_PATH="$libpath" linked "$workdir/carried/usr/bin/redis-check-rdb"); do
-  [[ "$lib" == "$workdir/carried/"* || " $BASE_PACKAGES " == *" $(owner "$lib") "* ]] \
-    || { echo "not carried: $lib" >&2; exit 1; }
+for bin in $(binaries "$workdir/carried"); do
+  for lib in $(LD_LIBRARY_PATH="$libpath" linked "$bin"); do
+    [[ "$lib" == "$workdir/carried/"* || " $BASE_PACKAGES " == *" $(owner "$lib") "* ]] \
+      || { echo "not carried: $lib (linked by ${bin#"$workdir/carried/"})" >&2; exit 1; }
+  done
 done
 LD_LIBRARY_PATH="$libpath" "$workdir/carried/usr/bin/redis-server" --version
+LD_LIBRARY_PATH="$libpath" "$workdir/carried/usr/bin/redis-cli" --version
 
 ls -l "$DEST"
 du -sh "$DEST"
