@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -69,10 +69,11 @@ class AsyncEngine:
         self._submit(command)
         return await asyncio.wrap_future(future)
 
-    async def generate(self, req_id: str, add: Callable[[LLMEngine], None]) -> AsyncIterator[EngineOutput]:
+    async def generate(self, req_id: str, add: Callable[[LLMEngine], None]) -> AsyncGenerator[EngineOutput, None]:
         """Submit a request with `add(engine)` (e.g. `engine.add_request(...)`) and stream its outputs.
 
-        Closing the iterator early (the caller was cancelled) aborts the request and frees its KV.
+        Closing the generator early (the caller was cancelled; e.g. under `contextlib.aclosing`) aborts the request
+        and frees its KV.
         """
         stream: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         self._streams[req_id] = (asyncio.get_running_loop(), stream)

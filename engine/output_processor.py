@@ -69,6 +69,3 @@ class OutputProcessor:
                 del self._children[out.req_id]
             changed[child.parent.request_id] = child.parent
         return list(changed.values()), to_abort
-
-    def has_unfinished(self) -> bool:
-        return bool(self._children)

@@ -39,10 +39,6 @@ class SchedulerOutput:
     finished_req_ids: frozenset[str] = frozenset()
     step_id: int = 0
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.scheduled)
-
 
 @dataclass(slots=True, frozen=True)
 class RunnerOutput:

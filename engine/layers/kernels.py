@@ -1,8 +1,8 @@
 """The kernels a model layer runs beside cuBLAS, chosen once per device: Triton on CUDA, torch elsewhere (fused
 elementwise work, and a one-row GEMV for batch-1 decode).
 
-Both sets compute the same functions (`engine.layers.layernorm`, `rotary_embedding`, `activation` document the
-semantics; tests/engine/test_triton_layers.py checks the Triton set against the torch one).
+Both sets compute the same functions (`engine.layers.torch_ops` documents the semantics;
+tests/engine/test_triton_layers.py checks the Triton set against the torch one).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.layers import torch_ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +38,6 @@ def layer_kernels(device: torch.device) -> LayerKernels:
         return LayerKernels(
             triton_rms_norm, triton_fused_add_rms_norm, triton_qk_norm_rope_store, triton_silu_and_mul, triton_linear
         )
-    from engine.layers.activation import silu_and_mul
-    from engine.layers.layernorm import fused_add_rms_norm, rms_norm
-    from engine.layers.rotary_embedding import qk_norm_rope_store
-
-    return LayerKernels(rms_norm, fused_add_rms_norm, qk_norm_rope_store, silu_and_mul, F.linear)
+    return LayerKernels(
+        torch_ops.rms_norm, torch_ops.fused_add_rms_norm, torch_ops.qk_norm_rope_store, torch_ops.silu_and_mul, F.linear
+    )

@@ -1,7 +1,7 @@
 # mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
 """SwiGLU's `silu(gate) * up` on the fused gate_up projection as one Triton kernel, and its launcher.
 
-Rounding follows `F.silu(gate) * up` in the input dtype, as the torch version `engine.layers.activation.silu_and_mul`:
+Rounding follows `F.silu(gate) * up` in the input dtype, as the torch version `engine.layers.torch_ops.silu_and_mul`:
 silu computed in float32 and rounded to the dtype, then the product rounded again. The exp is Triton's fast
 exp2-based one (a few float32 ulps), so a rare bf16 result lands one rounding step away from torch's.
 """

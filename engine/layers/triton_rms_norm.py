@@ -1,7 +1,7 @@
 # mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
 """RMSNorm and residual add + RMSNorm as one Triton kernel each, and their launchers.
 
-Semantics are those of the torch versions in `engine.layers.layernorm` (Hugging Face's): the statistics in
+Semantics are those of the torch versions in `engine.layers.torch_ops` (Hugging Face's): the statistics in
 float32, `x * rsqrt(mean(x^2) + eps)` rounded to the input dtype, THEN multiplied by the weight in that dtype.
 The residual add rounds to the input dtype first, as `x = x + attn_out` does. One program per row; the whole
 row sits in registers, so every element is read before any is written (outputs may alias inputs).

@@ -7,7 +7,7 @@ Each token's qkv row holds q [Hq, D], then k [Hkv, D], then v [Hkv, D]. Per toke
    first and each product and the sum rounded to it, as the torch version does,
 3. returns q [T, Hq, D] and writes the rotated k and the untouched v into the layer's pool slice at
    `slot_mapping`, as `store_kv` does; a slot < 0 (a CUDA-graph padding token) writes nothing.
-The torch version is `engine.layers.rotary_embedding.qk_norm_rope_store`.
+The torch version is `engine.layers.torch_ops.qk_norm_rope_store`.
 
 The cos/sin cache is float32 [max_position, D]: row p holds cos(p * inv_freq) for the D/2 frequencies, then
 sin(p * inv_freq) (`engine.layers.rotary_embedding.cos_sin_cache` builds it).

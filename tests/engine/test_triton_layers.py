@@ -1,5 +1,5 @@
 """The fused Triton layers (RMSNorm, residual add + RMSNorm, q/k norm + RoPE + K/V store, SiLU-and-mul) against
-the torch set of the same functions (`engine.layers.layernorm`, `rotary_embedding`, `activation`).
+the torch set of the same functions (`engine.layers.torch_ops`).
 
 Each kernel runs on random inputs with strided rows into NaN-filled outputs: float32 within 1e-6 (relative norm)
 of torch in float32; bf16/fp16 within 1e-2 of torch in float64 and within a few ulps of torch in that dtype
@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.layers import activation, layernorm, rotary_embedding
+from engine.layers import rotary_embedding, torch_ops
 from engine.layers.triton_activation import silu_and_mul
 from engine.layers.triton_gemv import gemv_supported
 from engine.layers.triton_gemv import linear as gemv_linear
@@ -89,8 +89,8 @@ def check_rms_norm(num_tokens: int, hidden: int, dtype: torch.dtype, device: str
     x = random_rows(num_tokens, hidden, dtype, gen, scale=3.0)
     weight = random_weight(hidden, dtype, gen)
     out = rms_norm(x, weight, EPS, out=nan_like(x.shape, dtype, x.device))
-    reference64 = layernorm.rms_norm(x.double(), weight.double(), EPS)
-    check_close(out, layernorm.rms_norm(x, weight, EPS), reference64, MAX_ULP.get(dtype))
+    reference64 = torch_ops.rms_norm(x.double(), weight.double(), EPS)
+    check_close(out, torch_ops.rms_norm(x, weight, EPS), reference64, MAX_ULP.get(dtype))
     assert torch.equal(rms_norm(x, weight, EPS), out)
 
 
@@ -100,8 +100,8 @@ def check_fused_add_rms_norm(num_tokens: int, hidden: int, dtype: torch.dtype, d
     x = random_rows(num_tokens, hidden, dtype, gen, scale=1.0)
     residual = random_rows(num_tokens, hidden, dtype, gen, scale=4.0)
     weight = random_weight(hidden, dtype, gen)
-    want, want_sum = layernorm.fused_add_rms_norm(x, residual, weight, EPS)
-    want64 = layernorm.rms_norm(want_sum.double(), weight.double(), EPS)
+    want, want_sum = torch_ops.fused_add_rms_norm(x, residual, weight, EPS)
+    want64 = torch_ops.rms_norm(want_sum.double(), weight.double(), EPS)
     outputs = nan_like(x.shape, dtype, x.device), nan_like(x.shape, dtype, x.device)
     out, residual_out = fused_add_rms_norm(x, residual, weight, EPS, *outputs)
     assert out is outputs[0] and residual_out is outputs[1]
@@ -117,8 +117,8 @@ def check_silu_and_mul(num_tokens: int, intermediate: int, dtype: torch.dtype, d
     # NOTE: scale 2 keeps silu(gate) out of fp16's subnormals, where one rounding step times a large `up` is many ulps.
     gate_up = random_rows(num_tokens, 2 * intermediate, dtype, gen, scale=2.0)
     out = silu_and_mul(gate_up, out=nan_like((num_tokens, intermediate), dtype, gate_up.device))
-    reference64 = activation.silu_and_mul(gate_up.double())
-    check_close(out, activation.silu_and_mul(gate_up), reference64, MAX_ULP.get(dtype))
+    reference64 = torch_ops.silu_and_mul(gate_up.double())
+    check_close(out, torch_ops.silu_and_mul(gate_up), reference64, MAX_ULP.get(dtype))
     assert torch.equal(silu_and_mul(gate_up), out)
 
 
@@ -160,11 +160,11 @@ def check_rope(case: RopeCase) -> None:
     args = (case.positions, case.cos_sin_cache, q_norm, k_norm, EPS)
     original = case.pool.clone()
     expected = case.pool.clone()
-    want = rotary_embedding.qk_norm_rope_store(case.qkv, *args, expected[:, LAYER], case.slot_mapping, *case.heads)
+    want = torch_ops.qk_norm_rope_store(case.qkv, *args, expected[:, LAYER], case.slot_mapping, *case.heads)
     pool64 = case.pool.double()
     weights64 = [w.double() if w is not None else None for w in (q_norm, k_norm)]
     args64 = (case.positions, case.cos_sin_cache, *weights64, EPS, pool64[:, LAYER], case.slot_mapping)
-    want64 = rotary_embedding.qk_norm_rope_store(case.qkv.double(), *args64, *case.heads)
+    want64 = torch_ops.qk_norm_rope_store(case.qkv.double(), *args64, *case.heads)
 
     out = nan_like((num_tokens, case.heads[0], case.heads[2]), dtype, case.qkv.device)
     q = qk_norm_rope_store(case.qkv, *args, case.pool[:, LAYER], case.slot_mapping, *case.heads, out=out)
