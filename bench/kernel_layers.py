@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cuda_timing import time_graph_ms
 from bench.limits import measure_limits
 from engine.attention.backend import store_kv
-from engine.layers import activation, layernorm, triton_activation, triton_rms_norm, triton_rope
+from engine.layers import torch_ops, triton_activation, triton_rms_norm, triton_rope
 from engine.layers.rotary_embedding import cos_sin_cache
 
 DEVICE = "cuda"
@@ -97,7 +97,7 @@ def make_ops(gen: torch.Generator) -> list[Op]:
             HIDDEN * ITEM,
             lambda t: (randn(t, HIDDEN, gen=gen),),
             lambda x: (triton_rms_norm.rms_norm(x, weight, EPS),),
-            lambda x: (layernorm.rms_norm(x, weight, EPS),),
+            lambda x: (torch_ops.rms_norm(x, weight, EPS),),
         ),
         Op(
             "fused_add_rms_norm",
@@ -105,7 +105,7 @@ def make_ops(gen: torch.Generator) -> list[Op]:
             HIDDEN * ITEM,
             lambda t: (randn(t, HIDDEN, gen=gen), randn(t, HIDDEN, gen=gen)),
             lambda x, residual: triton_rms_norm.fused_add_rms_norm(x, residual, weight, EPS),
-            lambda x, residual: layernorm.fused_add_rms_norm(x, residual, weight, EPS),
+            lambda x, residual: torch_ops.fused_add_rms_norm(x, residual, weight, EPS),
         ),
         _rope_op(q_weight, k_weight, gen),
         Op(
@@ -114,7 +114,7 @@ def make_ops(gen: torch.Generator) -> list[Op]:
             0,
             lambda t: (randn(t, 2 * INTERMEDIATE, gen=gen),),
             lambda gate_up: (triton_activation.silu_and_mul(gate_up),),
-            lambda gate_up: (activation.silu_and_mul(gate_up),),
+            lambda gate_up: (torch_ops.silu_and_mul(gate_up),),
         ),
     ]
 
@@ -138,8 +138,8 @@ def _rope_op(q_weight: torch.Tensor, k_weight: torch.Tensor, gen: torch.Generato
     def rope_eager(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_cache: torch.Tensor) -> Inputs:
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
-        q = layernorm.rms_norm(q.view(num_tokens, HQ, D), q_weight, EPS)
-        k = layernorm.rms_norm(k.view(num_tokens, HKV, D), k_weight, EPS)
+        q = torch_ops.rms_norm(q.view(num_tokens, HQ, D), q_weight, EPS)
+        k = torch_ops.rms_norm(k.view(num_tokens, HKV, D), k_weight, EPS)
         cos_t, sin_t = cos[positions].to(DTYPE).unsqueeze(1), sin[positions].to(DTYPE).unsqueeze(1)
         q, k = q * cos_t + rotate_half(q) * sin_t, k * cos_t + rotate_half(k) * sin_t
         store_kv(k, v.view(num_tokens, HKV, D), kv_cache, slots, PAGE)
