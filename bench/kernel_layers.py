@@ -1,7 +1,7 @@
 """Micro-benchmark of the fused Triton layer kernels against the torch eager ops they replace, at the Qwen3-8B
 shape in bf16 (hidden 4096, 32/8 heads of 128, intermediate 12288), for 1, 64, 256 and 2048 tokens.
 
-The eager side is the torch set (`engine.layers.layernorm`, `activation`), except for RoPE: there it is the
+The eager side is the torch set (`engine.layers.torch_ops`), except for RoPE: there it is the
 model's path before the fusion (q/k RMSNorm, `RotaryEmbedding`'s rotation on full-width cos/sin, `store_kv`),
 since the torch set's store skips padding slots with a host sync, which no CUDA graph can hold (the bench has none).
 
