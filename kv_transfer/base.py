@@ -9,11 +9,12 @@ Lifecycle of one transfer (ids come from the decode pod's Reserve; the control p
    and acks it (RESERVED -> TRANSFERRING); after the last chunk, with every reserved block written, -> DONE.
 3. decode: `receiver.wait(...)` -> DONE, then `receiver.claim(transfer_id)`: the record is dropped and the
    blocks simply stay with the decode engine.
-Ends without a claim: the reservation lease lapses (EXPIRED), either side aborts (ABORTED), or a chunk is
-invalid (FAILED). The receiver then calls `on_released(transfer_id, state)` once, so the decode engine frees the
-blocks, and rejects every later chunk of that transfer without writing it: a read after expiry is an error,
-never data. The prefill side keeps its source blocks pinned until `on_finished(transfer_id, state)`: DONE once the
-last chunk is acked, FAILED/ABORTED, or EXPIRED when no ack came within its lease (every ack renews it).
+Ends without a claim: the reservation lease lapses (EXPIRED), either side aborts (ABORTED; a sender's abort
+reaches the receiver even before the first chunk, given the endpoint), or a chunk is invalid (FAILED). The
+receiver then calls `on_released(transfer_id, state)` once, so the decode engine frees the blocks, and rejects
+every later chunk of that transfer without writing it: a read after expiry is an error, never data. The prefill
+side keeps its source blocks pinned until `on_finished(transfer_id, state)`: DONE once the last chunk is acked,
+FAILED/ABORTED, or EXPIRED when no ack came within its lease (every ack renews it).
 Hooks run on the backend's own housekeeping thread, never inside a call into the backend: keep them short and
 thread-safe (e.g. hand the id to the engine's queue).
 """
@@ -151,8 +152,12 @@ class KVSender(_Closable, ABC):
         """Block until the transfer ended or the timeout; return the state then."""
 
     @abstractmethod
-    def abort(self, transfer_id: str) -> None:
-        """End the transfer (ABORTED, `on_finished` fires) and tell the receiver; a no-op once it ended."""
+    def abort(self, transfer_id: str, endpoint: str | None = None) -> None:
+        """End the transfer (ABORTED, `on_finished` fires) and tell the receiver; a no-op once it ended.
+
+        `endpoint` names the receiver of a transfer that may have sent no chunk yet: it is told all the same
+        (connecting first if need be) and the id counts as sent, ABORTED. Without it, such an id is a no-op.
+        """
 
     @abstractmethod
     def stats(self, transfer_id: str) -> TransferStats:

@@ -144,10 +144,10 @@ class InProcessSender(KVSender):
     def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
         return self._ledger.wait(transfer_id, timeout_s)
 
-    def abort(self, transfer_id: str) -> None:
-        endpoint = self._ledger.abort(transfer_id)
-        if endpoint is not None:
-            self._queue.put(_Abort(transfer_id, endpoint))
+    def abort(self, transfer_id: str, endpoint: str | None = None) -> None:
+        to_tell = self._ledger.abort(transfer_id, endpoint)
+        if to_tell is not None:
+            self._queue.put(_Abort(transfer_id, to_tell))
 
     def stats(self, transfer_id: str) -> TransferStats:
         return self._ledger.stats(transfer_id)

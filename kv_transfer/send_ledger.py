@@ -83,10 +83,8 @@ class SendLedger:
 
     def fail_new(self, transfer_id: str, endpoint: str, error: TransferError) -> None:
         """End a transfer that fails before its first chunk is queued (e.g. a local layout mismatch)."""
-        now = time.monotonic()
         with self._cond:
-            if transfer_id not in self._transfers and transfer_id not in self._ended:
-                self._transfers[transfer_id] = _Transfer(transfer_id, endpoint, now, now + self._lease_s)
+            self._open_unsent_locked(transfer_id, endpoint)
             self._end_locked(transfer_id, error.ends_in, error)
 
     def check_layout(self, transfer_id: str, endpoint: str, ours: KVLayout, theirs: KVLayout) -> bool:
@@ -114,9 +112,17 @@ class SendLedger:
         with self._cond:
             self._end_locked(transfer_id, error.ends_in, error)
 
-    def abort(self, transfer_id: str) -> str | None:
-        """End a live transfer ABORTED; returns its endpoint (to tell the receiver), None if it was not live."""
+    def abort(self, transfer_id: str, endpoint: str | None = None) -> str | None:
+        """End a transfer ABORTED; returns the endpoint to tell the receiver at, None if it already ended.
+
+        A transfer that sent no chunk yet is unknown here: with `endpoint` (its receiver) it is recorded, then ended,
+        like a live one; without, nothing happens (None).
+        NOTE: the receiver of a transfer aborted before its first chunk holds the reservation all the same, so it
+        must still be told; the record makes a late chunk of that transfer a dropped one.
+        """
         with self._cond:
+            if endpoint is not None:
+                self._open_unsent_locked(transfer_id, endpoint)
             transfer = self._transfers.get(transfer_id)
             if transfer is None:
                 return None
@@ -154,6 +160,12 @@ class SendLedger:
         now = time.monotonic()
         with self._cond:
             return self._get_locked(transfer_id).stats(now)
+
+    def _open_unsent_locked(self, transfer_id: str, endpoint: str) -> None:
+        """Record a transfer that has no chunk yet (a no-op for one live or ended)."""
+        if transfer_id not in self._transfers and transfer_id not in self._ended:
+            now = time.monotonic()
+            self._transfers[transfer_id] = _Transfer(transfer_id, endpoint, now, now + self._lease_s)
 
     def _get_locked(self, transfer_id: str) -> _Transfer:
         transfer = self._transfers.get(transfer_id) or self._ended.get(transfer_id)

@@ -52,11 +52,12 @@ class KVShipper:
         with self._lock:
             self._shipments[req_id] = shipment
 
-    def forget(self, req_id: str) -> None:
-        """Ship nothing more for the request and abort its transfer (a no-op if it already ended)."""
+    def forget(self, req_id: str, endpoint: str) -> None:
+        """Ship nothing more for the request and abort its transfer (a no-op if it already ended), telling the
+        receiver at `endpoint` even if no chunk went out yet (its reservation would otherwise wait for its lease)."""
         with self._lock:
             self._shipments.pop(req_id, None)
-            self._sender.abort(req_id)
+            self._sender.abort(req_id, endpoint)
 
     def ship_ready(self, engine: LLMEngine) -> None:
         """Engine thread, after a step: ship every request's newly computed blocks; forget requests that are gone."""
@@ -97,7 +98,7 @@ class KVShipper:
         except Exception as exc:  # one bad transfer must not stop the engine thread or the keepalives
             logger.exception("shipping the KV of %s failed", req_id)
             del self._shipments[req_id]
-            self._sender.abort(req_id)
+            self._sender.abort(req_id, target.endpoint)
             self._on_failed(req_id, exc if isinstance(exc, TransferError) else TransferError(f"shipping KV: {exc}"))
             return
         shipment.num_sent_blocks = num_ready

@@ -191,7 +191,7 @@ class PrefillWorker:
             del self._request_ids[req_id]
             self._chunk_spans.pop_first_scheduled_ns(req_id)
             if not ended.done():
-                self._shipper.forget(req_id)
+                self._shipper.forget(req_id, target.endpoint)
             if not finished:
                 state = "failed" if ended.done() and ended.result() is not None else "aborted"
                 logger.info("prefill of request %r (transfer %s) ended early: %s", request_id, req_id, state)

@@ -75,10 +75,12 @@ class SocketSender(KVSender, Generic[Staged]):
     def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
         return self._ledger.wait(transfer_id, timeout_s)
 
-    def abort(self, transfer_id: str) -> None:
-        endpoint = self._ledger.abort(transfer_id)
-        if endpoint is not None:
-            self._submit(endpoint, OutgoingAbort(transfer_id), reconnect=False)
+    def abort(self, transfer_id: str, endpoint: str | None = None) -> None:
+        to_tell = self._ledger.abort(transfer_id, endpoint)
+        # NOTE: reconnect: a transfer aborted before its first chunk may have no connection yet, and its receiver
+        # holds the reservation until told; connecting is bounded by connect_timeout_s.
+        if to_tell is not None:
+            self._submit(to_tell, OutgoingAbort(transfer_id), reconnect=True)
 
     def stats(self, transfer_id: str) -> TransferStats:
         return self._ledger.stats(transfer_id)

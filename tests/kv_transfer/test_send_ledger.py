@@ -69,3 +69,17 @@ def test_abort_and_fail_new_end_once(notified: list[tuple[str, TransferState]]) 
     ledger.fail_new("u", "ep", LayoutMismatchError("differ", ["dtype"]))
     assert ledger.state("u") is S.FAILED
     assert notified == [("t", S.ABORTED), ("u", S.FAILED)]
+
+
+def test_abort_before_the_first_chunk_needs_the_endpoint(notified: list[tuple[str, TransferState]]) -> None:
+    ledger = _ledger(notified)
+    assert ledger.abort("t") is None  # no chunk, no endpoint: nothing to tell anyone
+    with pytest.raises(UnknownTransferError):
+        ledger.state("t")
+    assert ledger.abort("t", "ep") == "ep"
+    assert ledger.state("t") is S.ABORTED and ledger.stats("t").num_chunks == 0
+    assert not ledger.open_chunk("t", "ep", last=True)  # ended: the late chunk is dropped
+    assert ledger.abort("t", "ep") is None
+    ledger.open_chunk("u", "ep", last=False)
+    assert ledger.abort("u", "other") == "ep"  # a live transfer's own endpoint is the one told
+    assert notified == [("t", S.ABORTED), ("u", S.ABORTED)]

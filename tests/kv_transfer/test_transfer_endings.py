@@ -177,6 +177,27 @@ def test_sender_abort_reaches_the_receiver(
     assert torch.equal(dst, before)
 
 
+def test_sender_abort_before_the_first_chunk_reaches_the_receiver(
+    backend: Backend, make_pool: PoolMaker, released: HookRecorder, finished: HookRecorder
+) -> None:
+    dst = make_pool(8, seed=2)
+    before = dst.clone()
+    receiver = backend.receiver(dst, on_released=released)
+    sender = backend.sender(make_pool(8, seed=1), on_finished=finished)
+    receiver.expect("t1", [1, 2], lease_s=60.0)
+
+    sender.abort("t1", receiver.endpoint)  # no chunk went yet (nor, for the socket backends, any connection)
+
+    assert sender.state("t1") is S.ABORTED
+    # NOTE: bounded by the first contact (WAIT_S: nccl builds a communicator), far below the 60 s lease.
+    assert released.wait_for(1, WAIT_S) == [("t1", S.ABORTED)]
+    assert receiver.state("t1") is S.ABORTED
+    assert finished.wait_for(1) == [("t1", S.ABORTED)]
+    sender.send("t1", receiver.endpoint, receiver.layout, [0, 1], [1, 2], last=True)  # dropped: the transfer ended
+    assert sender.stats("t1").num_chunks == 0
+    assert torch.equal(dst, before)
+
+
 def test_sender_lease_expires_when_the_receiver_never_acks(
     backend: Backend, make_pool: PoolMaker, finished: HookRecorder, silent_endpoint: str
 ) -> None:

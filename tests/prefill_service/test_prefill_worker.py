@@ -1,5 +1,5 @@
-"""PrefillWorker against a recording KV sender: the chunks it ships, in order, and the keepalives of a queued
-request."""
+"""PrefillWorker against a recording KV sender: the chunks it ships, in order, the keepalives of a queued
+request, and the abort of a transfer cancelled before its first chunk."""
 
 from __future__ import annotations
 
@@ -29,12 +29,13 @@ Send = tuple[str, list[int], list[int], bool]
 
 
 class RecordingSender(KVSender):
-    """Records every chunk; a last chunk is acknowledged at once (DONE, from another thread)."""
+    """Records every chunk and abort; a last chunk is acknowledged at once (DONE, from another thread)."""
 
     def __init__(self, pool: torch.Tensor, block_size: int) -> None:
         self.layout = KVLayout.from_pool(pool, block_size)
         self.on_finished = ignore_hook
         self.sends: list[Send] = []
+        self.aborts: list[tuple[str, str | None]] = []
 
     def send(
         self,
@@ -55,8 +56,8 @@ class RecordingSender(KVSender):
     def wait(self, transfer_id: str, timeout_s: float) -> TransferState:
         return TransferState.DONE
 
-    def abort(self, transfer_id: str) -> None:
-        pass
+    def abort(self, transfer_id: str, endpoint: str | None = None) -> None:
+        self.aborts.append((transfer_id, endpoint))
 
     def stats(self, transfer_id: str) -> TransferStats:
         num_blocks = sum(len(src) for tid, src, _, _ in self.sends if tid == transfer_id)
@@ -122,6 +123,33 @@ async def test_transfer_done_before_the_first_token_is_seen(tiny_model: Path) ->
             target = KVTarget(f"t{index}", "tcp", "127.0.0.1:1", (3, 5, 8), sender.layout, 10.0)
             events = await _run(worker, [random.Random(index).randrange(512) for _ in range(40)], target)
             assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
+        await _wait_until_all_blocks_free(worker, 64)
+    finally:
+        await worker.aclose()
+
+
+async def test_call_cancelled_before_its_first_chunk_aborts_the_transfer_at_its_endpoint(tiny_model: Path) -> None:
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64, max_num_seqs=1, long_prefill_token_threshold=16))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
+    worker.start()
+    rng = random.Random(1)
+    long_prompt, short_prompt = [rng.randrange(512) for _ in range(600)], [rng.randrange(512) for _ in range(20)]
+    try:
+        long_target = KVTarget("long", "tcp", "127.0.0.1:1", tuple(range(100, 138)), sender.layout, 10.0)
+        short_target = KVTarget("short", "tcp", "127.0.0.1:2", (7, 9), sender.layout, 10.0)
+        long_call = asyncio.create_task(_run(worker, long_prompt, long_target))
+        short_call = asyncio.create_task(_run(worker, short_prompt, short_target))
+        # max_num_seqs=1: the short request waits behind the long one's 38 prefill steps; it is cancelled there.
+        while not sender.sends:
+            await asyncio.sleep(0.001)
+        short_call.cancel()
+        await asyncio.gather(short_call, return_exceptions=True)
+
+        assert not [s for s in sender.sends if s[0] == "short"]
+        # The decode pod's receiver must hear of it: its reservation would otherwise wait for its lease.
+        assert sender.aborts == [("short", "127.0.0.1:2")]
+        assert [type(e).__name__ for e in await long_call] == ["FirstToken", "TransferDone"]
         await _wait_until_all_blocks_free(worker, 64)
     finally:
         await worker.aclose()
