@@ -39,39 +39,45 @@ class ChunkSpans:
         self._tracked: dict[str, _Tracked] = {}
         self._first_scheduled_ns: dict[str, int] = {}
 
-    def track(self, req_id: str, num_prompt_tokens: int, parent: otel_context.Context) -> None:
-        self._tracked[req_id] = _Tracked(parent, num_prompt_tokens)
+    def track(self, transfer_id: str, num_prompt_tokens: int, parent: otel_context.Context) -> None:
+        self._tracked[transfer_id] = _Tracked(parent, num_prompt_tokens)
 
     def on_step(self, engine: LLMEngine, step_started_ns: int) -> None:
         """A span for each tracked request the step computed prompt tokens of; stop tracking finished ones."""
         now_ns = time.time_ns()
-        for req_id, tracked in list(self._tracked.items()):
-            progress = engine.kv_progress(req_id)
+        for transfer_id, tracked in list(self._tracked.items()):
+            progress = engine.kv_progress(transfer_id)
             if progress is None:
-                del self._tracked[req_id]
+                del self._tracked[transfer_id]
                 continue
             num_computed = progress[1]
             start = tracked.num_computed_tokens
             if start < 0:
                 # NOTE: the first step after admission: tokens before this step's chunk were prefix cache hits.
-                request = engine.scheduler.requests.get(req_id)
+                request = engine.scheduler.requests.get(transfer_id)
                 start = (request.num_cached_tokens or 0) if request is not None else 0
             if num_computed > start:
-                self._first_scheduled_ns.setdefault(req_id, step_started_ns)
-                self._span(req_id, tracked.parent, start, num_computed - start, step_started_ns, now_ns)
+                self._first_scheduled_ns.setdefault(transfer_id, step_started_ns)
+                self._span(transfer_id, tracked.parent, start, num_computed - start, step_started_ns, now_ns)
             tracked.num_computed_tokens = num_computed
             if num_computed >= tracked.num_prompt_tokens:
-                del self._tracked[req_id]
+                del self._tracked[transfer_id]
 
-    def pop_first_scheduled_ns(self, req_id: str) -> int | None:
+    def pop_first_scheduled_ns(self, transfer_id: str) -> int | None:
         """When the request's first chunk started (time.time_ns), once; None if it never ran."""
-        return self._first_scheduled_ns.pop(req_id, None)
+        return self._first_scheduled_ns.pop(transfer_id, None)
 
     def _span(
-        self, req_id: str, parent: otel_context.Context, start_token: int, num_tokens: int, start_ns: int, end_ns: int
+        self,
+        transfer_id: str,
+        parent: otel_context.Context,
+        start_token: int,
+        num_tokens: int,
+        start_ns: int,
+        end_ns: int,
     ) -> None:
         attributes: dict[str, AttributeValue] = {
-            PDSERVE_KV_TRANSFER_ID: req_id,
+            PDSERVE_KV_TRANSFER_ID: transfer_id,
             CHUNK_START_TOKEN: start_token,
             CHUNK_NUM_TOKENS: num_tokens,
         }

@@ -38,7 +38,7 @@ class Shipment:
 
 
 class KVShipper:
-    """The shipments of one prefill pod. `on_failed(req_id, error)` is called (under the lock: it must only hand
+    """The shipments of one prefill pod. `on_failed(transfer_id, error)` is called (under the lock: it must only hand
     the error on) when sending a chunk raises; the shipment is dropped and its transfer aborted then."""
 
     def __init__(self, sender: KVSender, block_size: int, on_failed: Callable[[str, TransferError], None]) -> None:
@@ -48,24 +48,24 @@ class KVShipper:
         self._lock = threading.Lock()
         self._shipments: dict[str, Shipment] = {}
 
-    def add(self, req_id: str, shipment: Shipment) -> None:
+    def add(self, transfer_id: str, shipment: Shipment) -> None:
         with self._lock:
-            self._shipments[req_id] = shipment
+            self._shipments[transfer_id] = shipment
 
-    def forget(self, req_id: str, endpoint: str) -> None:
+    def forget(self, transfer_id: str, endpoint: str) -> None:
         """Ship nothing more for the request and abort its transfer (a no-op if it already ended), telling the
         receiver at `endpoint` even if no chunk went out yet (its reservation would otherwise wait for its lease)."""
         with self._lock:
-            self._shipments.pop(req_id, None)
-            self._sender.abort(req_id, endpoint)
+            self._shipments.pop(transfer_id, None)
+            self._sender.abort(transfer_id, endpoint)
 
     def ship_ready(self, engine: LLMEngine) -> None:
         """Engine thread, after a step: ship every request's newly computed blocks; forget requests that are gone."""
         with self._lock:
-            for req_id, shipment in list(self._shipments.items()):
-                progress = engine.kv_progress(req_id)
+            for transfer_id, shipment in list(self._shipments.items()):
+                progress = engine.kv_progress(transfer_id)
                 if progress is None:
-                    del self._shipments[req_id]
+                    del self._shipments[transfer_id]
                     continue
                 block_ids, num_computed = progress
                 done = num_computed >= shipment.num_prompt_tokens
@@ -73,22 +73,22 @@ class KVShipper:
                 # empty.
                 num_ready = len(shipment.target.block_ids) if done else num_computed // self._block_size
                 if num_ready > shipment.num_sent_blocks:
-                    self._send(req_id, shipment, block_ids, num_ready, last=done)
+                    self._send(transfer_id, shipment, block_ids, num_ready, last=done)
 
     def keep_alive(self) -> None:
         """Send an empty chunk for every request that has sent nothing for its keepalive period."""
         now = time.monotonic()
         with self._lock:
-            for req_id, shipment in list(self._shipments.items()):
+            for transfer_id, shipment in list(self._shipments.items()):
                 if now - shipment.last_sent_at >= shipment.keepalive_s:
-                    self._send(req_id, shipment, [], shipment.num_sent_blocks, last=False)
+                    self._send(transfer_id, shipment, [], shipment.num_sent_blocks, last=False)
 
-    def _send(self, req_id: str, shipment: Shipment, block_ids: list[int], num_ready: int, last: bool) -> None:
+    def _send(self, transfer_id: str, shipment: Shipment, block_ids: list[int], num_ready: int, last: bool) -> None:
         """Send blocks [num_sent_blocks, num_ready) of the request (none: a keepalive); the lock is held."""
         start, target = shipment.num_sent_blocks, shipment.target
         try:
             self._sender.send(
-                req_id,
+                transfer_id,
                 target.endpoint,
                 target.layout,
                 block_ids[start:num_ready],
@@ -96,12 +96,14 @@ class KVShipper:
                 last,
             )
         except Exception as exc:  # one bad transfer must not stop the engine thread or the keepalives
-            logger.exception("shipping the KV of %s failed", req_id)
-            del self._shipments[req_id]
-            self._sender.abort(req_id, target.endpoint)
-            self._on_failed(req_id, exc if isinstance(exc, TransferError) else TransferError(f"shipping KV: {exc}"))
+            logger.exception("shipping the KV of %s failed", transfer_id)
+            del self._shipments[transfer_id]
+            self._sender.abort(transfer_id, target.endpoint)
+            self._on_failed(
+                transfer_id, exc if isinstance(exc, TransferError) else TransferError(f"shipping KV: {exc}")
+            )
             return
         shipment.num_sent_blocks = num_ready
         shipment.last_sent_at = time.monotonic()
         if last:
-            del self._shipments[req_id]
+            del self._shipments[transfer_id]

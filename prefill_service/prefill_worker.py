@@ -27,7 +27,7 @@ from contextlib import aclosing
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from common.errors import InvalidArgumentError, UnavailableError
+from common.errors import UnavailableError
 from common.kv_cache_events import KVCacheEvent
 from common.metrics import ServiceMetrics
 from common.sampling_params import SamplingParams
@@ -51,12 +51,14 @@ from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVSender
-from kv_transfer.state import TransferError, TransferState, UnknownTransferError
+from kv_transfer.state import TransferError
 from kv_transfer.target import KVTarget
 from pod.worker import PodLoad, read_load, report_engine_state
 from prefill_service.chunk_spans import ChunkSpans
 from prefill_service.kv_shipper import KEEPALIVES_PER_LEASE, KVShipper, Shipment
+from prefill_service.prefill_checks import PrefillChecks
 from prefill_service.prefill_events import FirstToken, PrefillEvent, TransferDone
+from prefill_service.transfer_ends import TransferEnd, TransferEnds
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,6 @@ class PrefillWorker:
         """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own."""
         self.info = engine.info
         self._lease_s = lease_s
-        self._cache_salt = engine.config.cache.cache_salt
         self._sender = sender
         self._backend = backend
         self._on_kv_events = on_kv_events
@@ -92,16 +93,15 @@ class PrefillWorker:
         self._chunk_spans = ChunkSpans(self._tracing.tracer)
         self._load = read_load(engine)
         self._async_engine = AsyncEngine(engine, on_step=self._on_step, on_update=self._on_update)
-        sender.on_finished = self._on_transfer_finished
-        self._shipper = KVShipper(sender, engine.info.block_size, on_failed=self._on_ship_failed)
-        self._transfer_ends: dict[str, asyncio.Future[TransferError | None]] = {}
-        self._request_ids: dict[str, str] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._checks = PrefillChecks(engine, sender, backend)
+        self._transfer_ends = TransferEnds(sender, backend, self._metrics, self._async_engine)
+        sender.on_finished = self._transfer_ends.on_transfer_finished
+        self._shipper = KVShipper(sender, engine.info.block_size, on_failed=self._transfer_ends.on_ship_failed)
         self._keepalive_task: asyncio.Task[None] | None = None
         self._draining = False
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._transfer_ends.start()
         self._async_engine.start()
         self._keepalive_task = asyncio.create_task(self._keep_alive(), name="kv-keepalive")
 
@@ -145,64 +145,72 @@ class PrefillWorker:
         """
         if self._draining:
             raise UnavailableError("prefill pod is draining")
-        self._check(prompt_token_ids, params, target, cache_salt)
+        self._checks.check(prompt_token_ids, params, target, cache_salt, self._transfer_ends)
         arrival, arrival_ns = time.monotonic(), time.time_ns()
-        req_id = target.transfer_id
-        assert self._loop is not None, "start() first"
-        ended: asyncio.Future[TransferError | None] = self._loop.create_future()
-        self._transfer_ends[req_id] = ended
-        self._request_ids[req_id] = request_id
+        transfer_id = target.transfer_id
+        ended = self._transfer_ends.open(transfer_id, request_id)
         # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived.
         keepalive_s = (target.lease_s or self._lease_s) / KEEPALIVES_PER_LEASE
         shipment = Shipment(target, len(prompt_token_ids), keepalive_s, last_sent_at=arrival)
         first_params = dataclasses.replace(params, max_tokens=1)
         transfer_span = self._tracing.tracer.start_span(
             "kv_transfer",
-            attributes={PDSERVE_KV_TRANSFER_ID: req_id, PDSERVE_KV_TRANSFER_BACKEND: self._backend},
+            attributes={PDSERVE_KV_TRANSFER_ID: transfer_id, PDSERVE_KV_TRANSFER_BACKEND: self._backend},
             start_time=arrival_ns,
         )
         finished = False
         first: FirstToken | None = None
         try:
             first = await self._traced_first_token(
-                request_id, req_id, shipment, prompt_token_ids, first_params, params, (arrival, arrival_ns)
+                request_id, transfer_id, shipment, prompt_token_ids, first_params, params, (arrival, arrival_ns)
             )
             if first is None:
                 # NOTE: a transfer's end resolves `ended` before its abort reaches the request's stream.
                 raise (ended.result() if ended.done() else None) or TransferError(
-                    f"request {req_id!r} was aborted before its first token"
+                    f"request {transfer_id!r} was aborted before its first token"
                 )
             yield first
             if first.finish_reason is not None:
                 finished = True
                 return  # no decode follows: the transfer is aborted below
-            error = await ended
-            if error is not None:
-                raise error
-            stats = self._sender.stats(req_id)
-            transfer_span.set_attributes(
-                {PDSERVE_KV_TRANSFER_BYTES: stats.num_bytes, PDSERVE_KV_TRANSFER_DURATION_S: stats.duration_s}
-            )
-            transfer_span.add_event(EVENT_KV_TRANSFER_DONE, {"num_blocks": stats.num_blocks})
+            done = await self._transfer_done(transfer_id, ended, transfer_span)
             finished = True
-            yield TransferDone(stats.num_blocks, stats.num_bytes, stats.duration_s)
+            yield done
         finally:
-            del self._transfer_ends[req_id]
-            del self._request_ids[req_id]
-            self._chunk_spans.pop_first_scheduled_ns(req_id)
-            if not ended.done():
-                self._shipper.forget(req_id, target.endpoint)
-            if not finished:
-                state = "failed" if ended.done() and ended.result() is not None else "aborted"
-                logger.info("prefill of request %r (transfer %s) ended early: %s", request_id, req_id, state)
-            if first is None:
-                self._metrics.observe_finished("abort", time.monotonic() - arrival, 0)
+            self._close(target, request_id, ended, finished, first is None, arrival)
             transfer_span.end()
+
+    async def _transfer_done(self, transfer_id: str, ended: TransferEnd, span: trace.Span) -> TransferDone:
+        """Wait for the transfer's end: TransferDone after DONE (recorded on the "kv_transfer" span), else raise."""
+        error = await ended
+        if error is not None:
+            raise error
+        stats = self._sender.stats(transfer_id)
+        span.set_attributes(
+            {PDSERVE_KV_TRANSFER_BYTES: stats.num_bytes, PDSERVE_KV_TRANSFER_DURATION_S: stats.duration_s}
+        )
+        span.add_event(EVENT_KV_TRANSFER_DONE, {"num_blocks": stats.num_blocks})
+        return TransferDone(stats.num_blocks, stats.num_bytes, stats.duration_s)
+
+    def _close(
+        self, target: KVTarget, request_id: str, ended: TransferEnd, finished: bool, aborted: bool, arrival: float
+    ) -> None:
+        """A call ended, however: stop its shipment (aborting the transfer, unless it already ended) and log it."""
+        transfer_id = target.transfer_id
+        self._transfer_ends.close(transfer_id)
+        self._chunk_spans.pop_first_scheduled_ns(transfer_id)
+        if not ended.done():
+            self._shipper.forget(transfer_id, target.endpoint)
+        if not finished:
+            state = "failed" if ended.done() and ended.result() is not None else "aborted"
+            logger.info("prefill of request %r (transfer %s) ended early: %s", request_id, transfer_id, state)
+        if aborted:
+            self._metrics.observe_finished("abort", time.monotonic() - arrival, 0)
 
     async def _traced_first_token(
         self,
         request_id: str,
-        req_id: str,
+        transfer_id: str,
         shipment: Shipment,
         prompt_token_ids: list[int],
         first_params: SamplingParams,
@@ -213,17 +221,17 @@ class PrefillWorker:
         (time.monotonic(), time.time_ns())."""
         attributes: Attributes = {
             PDSERVE_REQUEST_ID: request_id,
-            PDSERVE_KV_TRANSFER_ID: req_id,
+            PDSERVE_KV_TRANSFER_ID: transfer_id,
             GEN_AI_REQUEST_MODEL: self.info.model_id,
             GEN_AI_USAGE_INPUT_TOKENS: len(prompt_token_ids),
         }
         with self._tracing.span("prefill", attributes):
             first = await self._first_token(
-                req_id, shipment, prompt_token_ids, first_params, params, arrival[0], capture_context()
+                transfer_id, shipment, prompt_token_ids, first_params, params, arrival[0], capture_context()
             )
             if first is None:
                 return None
-            first_scheduled_ns = self._chunk_spans.pop_first_scheduled_ns(req_id)
+            first_scheduled_ns = self._chunk_spans.pop_first_scheduled_ns(transfer_id)
             ttft = first.prefill_duration_s
             queue_s = None if first_scheduled_ns is None else max(0.0, (first_scheduled_ns - arrival[1]) / 1e9)
             set_attributes({PDSERVE_QUEUE_TIME_S: queue_s, PDSERVE_NUM_CACHED_TOKENS: first.num_cached_tokens})
@@ -237,7 +245,7 @@ class PrefillWorker:
 
     async def _first_token(
         self,
-        req_id: str,
+        transfer_id: str,
         shipment: Shipment,
         prompt_token_ids: list[int],
         first_params: SamplingParams,
@@ -248,11 +256,11 @@ class PrefillWorker:
         """Add the request and wait for its token; None if it was aborted (its transfer ended first)."""
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(req_id, prompt_token_ids, first_params, hold_kv=True)
-            self._shipper.add(req_id, shipment)
-            self._chunk_spans.track(req_id, len(prompt_token_ids), trace_context)
+            engine.add_request(transfer_id, prompt_token_ids, first_params, hold_kv=True)
+            self._shipper.add(transfer_id, shipment)
+            self._chunk_spans.track(transfer_id, len(prompt_token_ids), trace_context)
 
-        async with aclosing(self._async_engine.generate(req_id, add)) as outputs:
+        async with aclosing(self._async_engine.generate(transfer_id, add)) as outputs:
             async for output in outputs:
                 if output.new_token_ids:
                     return self._to_first_token(output, params, time.monotonic() - arrival)
@@ -270,38 +278,6 @@ class PrefillWorker:
             stop_reason=output.stop_reason if stopped else None,
         )
 
-    def _check(
-        self, prompt_token_ids: list[int], params: SamplingParams, target: KVTarget, cache_salt: str | None
-    ) -> None:
-        # NOTE: validate() only reads the engine's immutable RuntimeInfo: safe off the engine thread.
-        self._async_engine.engine.validate(prompt_token_ids, params)
-        if cache_salt is not None and cache_salt != self._cache_salt:
-            raise InvalidArgumentError(
-                "cache_salt",
-                "per-request cache salts are not supported: this pod's prefix "
-                "cache uses the salt fixed by its --cache-salt",
-            )
-        if target.backend != self._backend:
-            raise InvalidArgumentError(
-                "kv_target.backend", f"this pod sends over {self._backend!r}, not {target.backend!r}"
-            )
-        self._sender.layout.check_compatible(target.layout)
-        num_blocks = -(-len(prompt_token_ids) // self.info.block_size)
-        if len(target.block_ids) != num_blocks:
-            raise InvalidArgumentError(
-                "kv_target.block_ids",
-                f"{len(target.block_ids)} block ids for {len(prompt_token_ids)} prompt tokens; expected {num_blocks}",
-            )
-        if not target.transfer_id or target.transfer_id in self._transfer_ends or self._sender_knows(target):
-            raise InvalidArgumentError("kv_target.transfer_id", f"{target.transfer_id!r} is empty or already used")
-
-    def _sender_knows(self, target: KVTarget) -> bool:
-        try:
-            self._sender.state(target.transfer_id)
-        except UnknownTransferError:
-            return False
-        return True
-
     def _on_step(self, engine: LLMEngine, outputs: list[EngineOutput]) -> None:
         """Engine thread, after every step: hand over cache events, ship newly computed blocks, chunk spans."""
         events = engine.kv_cache_manager.take_events()
@@ -318,50 +294,3 @@ class PrefillWorker:
         while True:
             await asyncio.sleep(_KEEPALIVE_TICK_S)
             self._shipper.keep_alive()
-
-    def _on_transfer_finished(self, transfer_id: str, state: TransferState) -> None:
-        """Sender housekeeping thread: the transfer ended; count and log it, free the held blocks, end the call."""
-        if state is TransferState.DONE:
-            stats = self._sender.stats(transfer_id)
-            self._metrics.observe_kv_transfer(self._backend, stats.num_bytes, stats.duration_s)
-            # NOTE: released, not aborted: under async scheduling the last chunk can be acked while the first token
-            # is still in flight; the request finishes with it, then its blocks are freed.
-            self._end_transfer(transfer_id, None, self._async_engine.release_kv)
-            return
-        error = self._transfer_error(transfer_id, state)
-        if state is TransferState.EXPIRED:
-            self._metrics.count_kv_lease_expiry()
-        elif state is TransferState.FAILED:
-            self._metrics.count_kv_transfer_failure(self._backend)
-        request_id = self._request_ids.get(transfer_id)
-        # NOTE: a transfer aborted after its call ended is this pod's own doing (a cancel, or no decode follows).
-        log = logger.warning if request_id is not None else logger.debug
-        log("KV transfer %s of request %r ended %s: %s", transfer_id, request_id, state.value, error)
-        self._end_transfer(transfer_id, error)
-
-    def _on_ship_failed(self, req_id: str, error: TransferError) -> None:
-        """Engine or keepalive thread (the shipper's lock held): sending a chunk failed."""
-        self._metrics.count_kv_transfer_failure(self._backend)
-        logger.warning("KV transfer %s of request %r failed: %s", req_id, self._request_ids.get(req_id, ""), error)
-        self._end_transfer(req_id, error)
-
-    def _end_transfer(
-        self, req_id: str, error: TransferError | None, free: Callable[[str], None] | None = None
-    ) -> None:
-        """Any thread: end the call's wait and free the request's blocks with `free` (default: abort).
-
-        NOTE: abort_requests releases the held blocks of a finished request, and aborts a running one (its stream
-        then ends with finish_reason "abort"), so one command covers every moment a failed transfer can end.
-        """
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._resolve, req_id, error)
-        (free or self._async_engine.abort)(req_id)
-
-    def _resolve(self, req_id: str, error: TransferError | None) -> None:
-        ended = self._transfer_ends.get(req_id)
-        if ended is not None and not ended.done():
-            ended.set_result(error)
-
-    def _transfer_error(self, transfer_id: str, state: TransferState) -> TransferError:
-        error = self._sender.stats(transfer_id).error
-        return error or TransferError(f"KV transfer {transfer_id!r} ended {state.value}")

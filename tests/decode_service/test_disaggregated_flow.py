@@ -109,8 +109,8 @@ def _hold_prefill_steps_until_a_call_ends(monkeypatch: pytest.MonkeyPatch) -> No
             call_ended.wait(5.0)
         ship_ready(shipper, engine)
 
-    def recorded_forget(shipper: KVShipper, req_id: str, endpoint: str) -> None:
-        forget(shipper, req_id, endpoint)
+    def recorded_forget(shipper: KVShipper, transfer_id: str, endpoint: str) -> None:
+        forget(shipper, transfer_id, endpoint)
         call_ended.set()
 
     monkeypatch.setattr(KVShipper, "ship_ready", held_ship_ready)

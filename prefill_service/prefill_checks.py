@@ -1,0 +1,59 @@
+"""What a prefill pod checks of a Prefill call before it starts: the input, and that its KV target fits this pod."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from common.errors import InvalidArgumentError
+from common.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from kv_transfer.base import KVSender
+from kv_transfer.state import UnknownTransferError
+from kv_transfer.target import KVTarget
+
+
+class PrefillChecks:
+    """Raises InvalidArgumentError naming the bad field, or LayoutMismatchError for a foreign KV layout."""
+
+    def __init__(self, engine: LLMEngine, sender: KVSender, backend: str) -> None:
+        self._engine = engine
+        self._sender = sender
+        self._backend = backend
+        self._cache_salt = engine.config.cache.cache_salt
+
+    def check(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        target: KVTarget,
+        cache_salt: str | None,
+        open_transfer_ids: Container[str],
+    ) -> None:
+        # NOTE: validate() only reads the engine's immutable RuntimeInfo: safe off the engine thread.
+        self._engine.validate(prompt_token_ids, params)
+        if cache_salt is not None and cache_salt != self._cache_salt:
+            raise InvalidArgumentError(
+                "cache_salt",
+                "per-request cache salts are not supported: this pod's prefix "
+                "cache uses the salt fixed by its --cache-salt",
+            )
+        if target.backend != self._backend:
+            raise InvalidArgumentError(
+                "kv_target.backend", f"this pod sends over {self._backend!r}, not {target.backend!r}"
+            )
+        self._sender.layout.check_compatible(target.layout)
+        num_blocks = -(-len(prompt_token_ids) // self._engine.info.block_size)
+        if len(target.block_ids) != num_blocks:
+            raise InvalidArgumentError(
+                "kv_target.block_ids",
+                f"{len(target.block_ids)} block ids for {len(prompt_token_ids)} prompt tokens; expected {num_blocks}",
+            )
+        if not target.transfer_id or target.transfer_id in open_transfer_ids or self._sender_knows(target):
+            raise InvalidArgumentError("kv_target.transfer_id", f"{target.transfer_id!r} is empty or already used")
+
+    def _sender_knows(self, target: KVTarget) -> bool:
+        try:
+            self._sender.state(target.transfer_id)
+        except UnknownTransferError:
+            return False
+        return True
