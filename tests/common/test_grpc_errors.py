@@ -16,10 +16,11 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import ErrorInterceptor, bad_request_fields, to_status
 from common.grpc_server import HealthState, add_standard_services, wait_for_health
 from common.sampling_params import SamplingParams
+from kv_transfer.state import LayoutMismatchError, TransferExpiredError, UnknownTransferError
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 
 SERVICE = "pdserve.v1.GenerationService"
@@ -158,6 +159,23 @@ def test_unexpected_error_is_internal_and_logged(caplog: pytest.LogCaptureFixtur
     assert record.getMessage() == "unhandled RuntimeError in a gRPC handler"
     assert record.exc_info is not None
     assert str(record.exc_info[1]) == "boom"
+
+
+def test_pdserve_errors_report_the_status_their_class_names() -> None:
+    cases = [
+        (TransferExpiredError("KV transfer 't' ended expired").for_request("r"), grpc.StatusCode.ABORTED),
+        (LayoutMismatchError("KV layouts differ in dtype"), grpc.StatusCode.FAILED_PRECONDITION),
+        (UnknownTransferError("no transfer 'u'"), grpc.StatusCode.NOT_FOUND),
+    ]
+    for error, code in cases:
+        assert (to_status(error).code, to_status(error).details) == (code, str(error))
+    assert str(cases[0][0]) == "request 'r': KV transfer 't' ended expired"
+    assert type(cases[0][0]) is TransferExpiredError
+    # NOTE: a plain PdserveError names no status of its own: INTERNAL, its message kept out of the reply.
+    assert (to_status(PdserveError("secret")).code, to_status(PdserveError("secret")).details) == (
+        grpc.StatusCode.INTERNAL,
+        "internal error",
+    )
 
 
 def test_to_status_keeps_unknown_and_dotted_fields() -> None:
