@@ -164,6 +164,9 @@ async def test_reserve_on_a_full_pool_is_resource_exhausted(tiny_model: Path, re
     async with running_pods(tiny_model, redis_server.url, decode_flags=["--num-blocks", "8"]) as pods:
         first = await pods.reserve(_prompt(100, seed=6), MAX_TOKENS)
         assert len(first.kv_target.block_ids) == 7
+        # NOTE: the registry shows the reservation first, so that the idle wait below never reads a heartbeat from
+        # before it (a slow heartbeat would pass that wait before the release took effect).
+        await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 1, 2.0)
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await pods.reserve(_prompt(40, seed=6), MAX_TOKENS)
         assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
