@@ -25,7 +25,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,11 +35,15 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.redis_server import RedisServer
 from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
+from common.config import env_name
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+PER_PROCESS_VARIABLES = tuple(env_name(dest) for dest in ("port", "pod_id", "kv_port", "metrics_port"))
+"""Variables of settings that must differ between the cluster's processes: never inherited (see `_child_env`)."""
 
 
 class LocalCluster:
@@ -55,6 +59,8 @@ class LocalCluster:
         """Running pods by pod id, in start order."""
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
         self._router_port = config.port or _free_port()
+        self._warned: set[str] = set()
+        """PDSERVE_* variables already logged as overridden by the cluster's flags (`_warn_overridden`)."""
 
     @property
     def redis_url(self) -> str:
@@ -158,9 +164,9 @@ class LocalCluster:
         args = [
             "--host", self.config.host, "--port", str(port), "--redis-url", self.redis_url, "--pod-id", pod_id,
             "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
-            *self.config.pod_args, *extra_args,
         ]  # fmt: skip
-        process = self._spawn(pod_id, role, port, args, first=self._next_index[role] == 1)
+        user_args = [*self.config.pod_args, *extra_args]
+        process = self._spawn(pod_id, role, port, args, user_args, first=self._next_index[role] == 1)
         self.pods[pod_id] = process
         return process
 
@@ -168,12 +174,14 @@ class LocalCluster:
         args = [
             "--host", self.config.host, "--port", str(self._router_port), "--redis-url", self.redis_url,
             "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
-            *self.config.router_args,
         ]  # fmt: skip
-        return self._spawn("router", "router", self._router_port, args, first=True)
+        return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
 
-    def _spawn(self, name: str, role: Role, port: int, args: Sequence[str], first: bool) -> ServiceProcess:
-        """Start one process; `first`: the first of its role (it gets the role's default metrics port)."""
+    def _spawn(
+        self, name: str, role: Role, port: int, args: Sequence[str], user_args: Sequence[str], first: bool
+    ) -> ServiceProcess:
+        """Start one process with the cluster's `args` and the caller's `user_args`; `first`: the first of its
+        role (it gets the role's default metrics port)."""
         telemetry: list[str] = []
         metrics_url: str | None = None
         if self.config.otlp_endpoint is not None:
@@ -183,9 +191,11 @@ class LocalCluster:
             metrics_port = base + METRICS_PORT_OFFSETS[role] if base and first else _free_port()
             telemetry += ["--metrics-port", str(metrics_port), "--metrics-host", self.config.host]
             metrics_url = f"http://{_connect_host(self.config.host)}:{metrics_port}/metrics"
-        argv = [*self.config.entry_points[role], *args, *telemetry]
+        argv = [*self.config.entry_points[role], *args, *user_args, *telemetry]
         address = f"{_connect_host(self.config.host)}:{port}"
-        process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", self._child_env(), metrics_url)
+        env = self._child_env()
+        self._warn_overridden([*args, *telemetry], env)
+        process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", env, metrics_url)
         logger.info("started %s (pid %d), logging to %s", name, process.pid, process.log_path)
         return process
 
@@ -214,8 +224,20 @@ class LocalCluster:
             code = process.wait_or_kill(self.config.stop_timeout_s)
             logger.info("%s exited with code %s", process.name, code)
 
+    def _warn_overridden(self, cluster_args: Sequence[str], env: Mapping[str, str]) -> None:
+        """Log once per variable that one of the cluster's own flags overrides in a process."""
+        for flag in (arg for arg in cluster_args if arg.startswith("--")):
+            name = env_name(flag.removeprefix("--").replace("-", "_"))
+            if name in env and name not in self._warned:
+                self._warned.add(name)
+                logger.warning("%s is ignored: the cluster passes its processes %s (flags win)", name, flag)
+
     def _child_env(self) -> dict[str, str]:
-        env = {**os.environ, **self.config.env, "PYTHONUNBUFFERED": "1"}
+        # NOTE: PDSERVE_* variables reach every process, and the cluster's own flags win over them. Settings that
+        # must differ per process never come from the environment: their variables are dropped, so a decode pod's
+        # KV port stays a free one and, with metrics off, no process binds a /metrics port.
+        inherited = {name: value for name, value in os.environ.items() if name not in PER_PROCESS_VARIABLES}
+        env = {**inherited, **self.config.env, "PYTHONUNBUFFERED": "1"}
         # NOTE: pods on a shared CPU fight over cores; one torch thread pool per pod sized to its share
         # runs faster than every pod spinning up a thread per core. An explicit OMP_NUM_THREADS wins.
         num_pods = max(1, self.config.num_prefill + self.config.num_decode)

@@ -6,6 +6,7 @@ Values measured at run time (number of KV blocks, EOS ids) live in `engine.runti
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.config import config_from_args, doc
@@ -135,10 +136,11 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig and SchedulerConfig."""
+def engine_config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig and SchedulerConfig,
+    else of their `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
     return EngineConfig(
-        config_from_args(ModelConfig, args),
-        config_from_args(CacheConfig, args),
-        config_from_args(SchedulerConfig, args),
+        config_from_args(ModelConfig, args, environ=environ),
+        config_from_args(CacheConfig, args, environ=environ),
+        config_from_args(SchedulerConfig, args, environ=environ),
     )

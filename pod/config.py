@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.config import add_config_args, config_from_args, doc
+from common.config import ConfigValueError, add_config_args, config_from_args, doc
 from common.errors import InvalidArgumentError
 from common.telemetry_config import TelemetryConfig
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
@@ -108,8 +109,11 @@ class PodConfig:
     receiver: KVReceiverConfig | None = None
 
 
-def parse_pod_config(role: str, argv: list[str] | None, with_receiver: bool) -> PodConfig:
-    """The config of `pdserve <role>` from its flags (bad values exit with a usage error naming the flag)."""
+def parse_pod_config(
+    role: str, argv: list[str] | None, with_receiver: bool, environ: Mapping[str, str] | None = None
+) -> PodConfig:
+    """The config of `pdserve <role>` from its flags, else its `PDSERVE_*` variables of `environ` (default:
+    os.environ); a bad value exits with a usage error naming its flag or variable."""
     parser = argparse.ArgumentParser(prog=f"pdserve {role}", description=f"Run a {role} pod.")
     parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig]
     if with_receiver:
@@ -119,12 +123,12 @@ def parse_pod_config(role: str, argv: list[str] | None, with_receiver: bool) -> 
     args = parser.parse_args(argv)
     try:
         return PodConfig(
-            config_from_args(PodServerConfig, args),
-            config_from_args(RegistryConfig, args),
-            config_from_args(PodTransferConfig, args),
-            engine_config_from_args(args),
-            config_from_args(TelemetryConfig, args),
-            config_from_args(KVReceiverConfig, args) if with_receiver else None,
+            config_from_args(PodServerConfig, args, environ=environ),
+            config_from_args(RegistryConfig, args, environ=environ),
+            config_from_args(PodTransferConfig, args, environ=environ),
+            engine_config_from_args(args, environ),
+            config_from_args(TelemetryConfig, args, environ=environ),
+            config_from_args(KVReceiverConfig, args, environ=environ) if with_receiver else None,
         )
-    except InvalidArgumentError as exc:
-        parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")
+    except ConfigValueError as exc:
+        parser.error(str(exc))

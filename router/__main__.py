@@ -14,10 +14,9 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from common.config import add_config_args, config_from_args
-from common.errors import InvalidArgumentError
+from common.config import ConfigValueError, add_config_args, config_from_args
 from common.telemetry_config import TelemetryConfig
 from router.config import RouterConfig, RoutingConfig
 from router.router_app import RouterApp
@@ -27,7 +26,11 @@ logger = logging.getLogger("router")
 _DRAIN_GRACE_S = 30.0
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[RouterConfig, RoutingConfig, TelemetryConfig]:
+def parse_args(
+    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
+) -> tuple[RouterConfig, RoutingConfig, TelemetryConfig]:
+    """The router's configs from its flags, else its `PDSERVE_*` variables of `environ` (default: os.environ);
+    a bad value exits with a usage error naming its flag or variable."""
     parser = argparse.ArgumentParser(prog="pdserve router", description="The public gRPC front door of pdserve.")
     add_config_args(parser, RouterConfig)
     add_config_args(parser, RoutingConfig)
@@ -35,12 +38,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[RouterConfig, RoutingConfig,
     args = parser.parse_args(argv)
     try:
         return (
-            config_from_args(RouterConfig, args),
-            config_from_args(RoutingConfig, args),
-            config_from_args(TelemetryConfig, args),
+            config_from_args(RouterConfig, args, environ=environ),
+            config_from_args(RoutingConfig, args, environ=environ),
+            config_from_args(TelemetryConfig, args, environ=environ),
         )
-    except InvalidArgumentError as exc:
-        parser.error(f"--{exc.field.replace('_', '-')}: {exc.description}")
+    except ConfigValueError as exc:
+        parser.error(str(exc))
 
 
 async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig) -> None:
