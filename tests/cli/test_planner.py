@@ -1,13 +1,16 @@
-"""The autoscaler's planner: sequences of snapshots give exact decision sequences."""
+"""The autoscaler's planner: sequences of snapshots give exact decision sequences; metrics count each decision."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from cli.autoscaler.config import AutoscalerConfig
+from cli.autoscaler.metrics import AutoscalerMetrics
 from cli.autoscaler.planner import Decision, Planner
 from cli.autoscaler.snapshot import ClusterSnapshot, PodSnapshot
 from common.errors import InvalidArgumentError
@@ -220,6 +223,27 @@ def test_an_oscillating_load_at_a_threshold_changes_at_most_once_per_window() ->
 
     changes = simulate(Planner(CONFIG), load, range(0, 600, 10))
     assert changes == [(0, "prefill", "up"), (30, "decode", "down")]
+
+
+def test_every_decision_is_counted_and_each_change_logged(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    metrics = AutoscalerMetrics(registry)
+    snapshots = [at(0, prefill(20), decode(0)), at(10, prefill(10, 10), decode(0)), at(20, prefill(9, 9, 9), decode(0))]
+    planner = Planner(CONFIG)
+    with caplog.at_level(logging.INFO, logger="cli.autoscaler.metrics"):
+        for decision in (d for s in snapshots for d in planner.decide(s)):
+            metrics.record(decision)
+    value = registry.get_sample_value
+    assert value("pdserve:autoscaler_desired_replicas", {"role": "prefill"}) == 3.0
+    assert value("pdserve:autoscaler_desired_replicas", {"role": "decode"}) == 1.0
+    assert value("pdserve:autoscaler_scaling_decisions_total", {"role": "prefill", "direction": "up"}) == 2.0
+    assert value("pdserve:autoscaler_scaling_decisions_total", {"role": "prefill", "direction": "hold"}) == 1.0
+    assert value("pdserve:autoscaler_scaling_decisions_total", {"role": "decode", "direction": "hold"}) == 3.0
+    assert value("pdserve:autoscaler_scaling_decisions_total", {"role": "decode", "direction": "up"}) is None
+    assert caplog.messages == [
+        "autoscaler: prefill up 1 -> 2: waiting requests per pod 20.00 > high 4",
+        "autoscaler: prefill up 2 -> 3: waiting requests per pod 10.00 > high 4",
+    ]
 
 
 @pytest.mark.parametrize(
