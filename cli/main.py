@@ -5,11 +5,14 @@ pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metric
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
+pdserve health ADDRESS [--service NAME] [--timeout-s 2]       (exit 0 when SERVING: container and k8s probes)
+pdserve status [--redis-url URL] [--router ADDRESS ...] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import signal
@@ -18,15 +21,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import cast
+from typing import TypeAlias, cast
 
 import grpc
 
 from cli.client import generate
-from cli.cluster import LocalCluster
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig
+from cli.health import DEFAULT_TIMEOUT_S, check_health
 from cli.service_process import ClusterError
-from common.errors import InvalidArgumentError
+from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import bad_request_fields
 from engine.config import DEFAULT_MODEL
 from pdserve.v1 import generation_pb2, sampling_pb2
@@ -44,6 +47,9 @@ _UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode"}
 _NO_METRICS = -1
 _WATCH_INTERVAL_S = 0.5
 _EXIT_INTERRUPTED = 130
+_DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description="Disaggregated LLM serving: router, prefill and "
                                      "decode pods over gRPC, with a Redis prefix directory.")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_up(commands)
+    for name, (_, summary) in _SERVICE_MAINS.items():
+        commands.add_parser(name, add_help=False, help=f"run {summary}; `pdserve {name} --help` for its flags")
+    _add_generate(commands)
+    _add_health(commands)
+    _add_status(commands)
+    return parser
+
+
+def _add_up(commands: _Commands) -> None:
     up = commands.add_parser("up", allow_abbrev=False, help="run Redis, the pods and the router locally",
                              description="Run a local cluster until Ctrl-C. Flags not listed here go to every "
                              "pod (engine flags such as --num-blocks, --max-num-seqs, --heartbeat-s).")  # fmt: skip
@@ -82,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                     f"{DEFAULT_METRICS_PORT})")  # fmt: skip
     up.add_argument("--otlp-endpoint", help="OTLP collector for every process's traces (default: tracing off)")
     up.set_defaults(func=_up)
-    for name, (_, summary) in _SERVICE_MAINS.items():
-        commands.add_parser(name, add_help=False, help=f"run {summary}; `pdserve {name} --help` for its flags")
+
+
+def _add_generate(commands: _Commands) -> None:
     gen = commands.add_parser("generate", help="stream one completion from a running router")
     gen.add_argument("prompt", help="the prompt text (with --chat: one user message)")
     gen.add_argument("--address", default="localhost:50051", help="the router (default: localhost:50051)")
@@ -96,7 +113,30 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
     gen.add_argument("--timeout-s", type=float, help="deadline of the whole request")
     gen.set_defaults(func=_generate)
-    return parser
+
+
+def _add_health(commands: _Commands) -> None:
+    health = commands.add_parser("health", help="exit 0 if a server's grpc.health.v1 says SERVING (for probes)",
+                                 description="One grpc.health.v1 Check: exit 0 on SERVING; otherwise print why "
+                                 "(NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN, UNREACHABLE) and exit 1.")  # fmt: skip
+    health.add_argument("address", help="host:port of the router or of a pod")
+    health.add_argument("--service", default="", help='the service to ask about (default: "", the whole server)')
+    health.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"give up (UNREACHABLE) after this long (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
+    health.set_defaults(func=_health)
+
+
+def _add_status(commands: _Commands) -> None:
+    status = commands.add_parser("status", help="list the registered pods (state, load, KV use) and routers' health",
+                                 description="Every pod in the Redis pod registry, as of its last heartbeat; "
+                                 "routers do not register: name them with --router to see their health.")  # fmt: skip
+    status.add_argument("--redis-url", default=_DEFAULT_REDIS_URL, help=f"the registry (default: {_DEFAULT_REDIS_URL})")
+    status.add_argument("--router", action="append", default=[], metavar="ADDRESS",
+                        help="host:port of a router to health-check (repeatable)")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of a table")
+    status.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"bound of each Redis and health call (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
+    status.set_defaults(func=_status)
 
 
 def _run_service(name: str, argv: list[str]) -> int:
@@ -120,6 +160,9 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     except InvalidArgumentError as exc:
         print(f"pdserve up: --{_UP_FLAGS.get(exc.field, exc.field)}: {exc.description}", file=sys.stderr)
         return 2
+    # NOTE: imported here (and cli.status in _status), so `pdserve health`, run by probes, loads no Redis client.
+    from cli.cluster import LocalCluster
+
     cluster = LocalCluster(config)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     # NOTE: SIGINT too: a shell starting `pdserve up` in the background (no job control) leaves it ignored.
@@ -196,6 +239,24 @@ def _summary(last: generation_pb2.GenerateResponse) -> str:
                  f"kv_transfer_bytes={metrics.kv_transfer_bytes} "
                  f"ttft_ms={metrics.time_to_first_token.ToMilliseconds()}")  # fmt: skip
     return line + "]"
+
+
+def _health(args: argparse.Namespace, extra: list[str]) -> int:
+    check = asyncio.run(check_health(args.address, args.service, args.timeout_s))
+    print(check.describe(), file=sys.stdout if check.serving else sys.stderr)
+    return 0 if check.serving else 1
+
+
+def _status(args: argparse.Namespace, extra: list[str]) -> int:
+    from cli.status import read_status, to_json, to_table
+
+    try:
+        status = asyncio.run(read_status(args.redis_url, args.router, args.timeout_s))
+    except UnavailableError as exc:
+        print(f"pdserve status: {exc}", file=sys.stderr)
+        return 1
+    print(to_json(status) if args.json else to_table(status))
+    return 0
 
 
 if __name__ == "__main__":
