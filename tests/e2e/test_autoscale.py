@@ -1,21 +1,34 @@
-"""The autoscaler of `pdserve up --autoscale` over real processes: a prefill-heavy load (long uncached prompts,
-one output token) takes prefill from 1 pod to 2 while decode stays at 1; once the load stops, the added pod
-drains and prefill is back at 1; no request fails."""
+"""The autoscaler over real processes.
+
+- `pdserve up --autoscale`: a prefill-heavy load (long uncached prompts, one output token) takes prefill from 1
+  pod to 2 while decode stays at 1; once the load stops (a trickle of one request at a time goes on), the less
+  loaded prefill pod drains and exits 0, and prefill is back at 1; no request fails.
+- `pdserve autoscale --connector kubernetes`: publishes the target count of an overloaded role on /metrics, and
+  exits 0 on SIGTERM.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cli.autoscaler.commands import start_for_cluster
 from cli.autoscaler.config import AutoscalerConfig
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
-from common.pod_registry import PodRole
+from cli.redis_server import RedisServer
+from common.pod_registry import PodInfo, PodRegistry, PodRole
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until
 
 CONCURRENCY = 8
@@ -43,15 +56,16 @@ def active(cluster: LocalCluster, role: PodRole) -> list[str]:
 
 
 class PrefillLoad:
-    """CONCURRENCY threads, each sending one long uncached prompt after the other until `stop`."""
+    """`concurrency` threads, each sending one long uncached prompt after the other until `stop`."""
 
-    def __init__(self, client: GenerationClient) -> None:
+    def __init__(self, client: GenerationClient, concurrency: int, first_seed: int = 0) -> None:
         self._client = client
         self._stop = threading.Event()
         self.completed = 0
         self.failures: list[BaseException] = []
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(CONCURRENCY)]
+        self._concurrency = concurrency
+        self._threads = [threading.Thread(target=self._loop, args=(first_seed + i,)) for i in range(concurrency)]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -62,12 +76,11 @@ class PrefillLoad:
         for thread in self._threads:
             thread.join()
 
-    def _loop(self, worker: int) -> None:
-        seed = worker
+    def _loop(self, seed: int) -> None:
         while not self._stop.is_set():
             # NOTE: a fresh seed per request: prompts share no prefix, so every one is a full prefill.
             prompt = token_prefix(seed)[:PROMPT_TOKENS]
-            seed += CONCURRENCY
+            seed += self._concurrency
             try:
                 run(self._client, token_ids=prompt, max_tokens=1, temperature=0.0)
             except Exception as exc:
@@ -81,27 +94,96 @@ class PrefillLoad:
 def test_prefill_load_adds_a_prefill_pod_then_it_drains_once_the_load_stops(cluster: LocalCluster) -> None:
     autoscaler, _ = start_for_cluster(AUTOSCALER, cluster)
     try:
+        drained: dict[str, int] = {}
+
+        def back_to_one() -> bool:
+            drained.update(cluster.reap_drained())
+            return len([p for p in cluster.pod_infos() if p.role == "prefill"]) == 1 and bool(drained)
+
         with GenerationClient(cluster.router_address) as client:
-            load = PrefillLoad(client)
+            load = PrefillLoad(client, CONCURRENCY)
             load.start()
             try:
                 scaled_out = wait_until(lambda: len(active(cluster, "prefill")) == 2, 60.0, interval_s=0.2)
                 assert active(cluster, "decode") == ["decode-0"]
             finally:
                 load.stop()
-        assert scaled_out, cluster.pod_infos()
-        assert load.failures == [] and load.completed > 0
-        drained: dict[str, int] = {}
-
-        def back_to_one() -> bool:
-            drained.update(cluster.reap_drained())
-            return [p.pod_id for p in cluster.pod_infos() if p.role == "prefill"] == ["prefill-0"] and bool(drained)
-
-        assert wait_until(back_to_one, 30.0, interval_s=0.2), cluster.pod_infos()
-        assert drained == {"prefill-1": 0}
+            assert scaled_out, cluster.pod_infos()
+            trickle = PrefillLoad(client, 1, first_seed=10_000)
+            trickle.start()
+            try:
+                scaled_in = wait_until(back_to_one, 30.0, interval_s=0.2)
+            finally:
+                trickle.stop()
+        assert load.failures == [] and trickle.failures == []
+        assert load.completed > 0 and trickle.completed > 0
+        assert scaled_in, cluster.pod_infos()
+        assert len(drained) == 1 and list(drained.values()) == [0]
+        assert sorted([*drained, *active(cluster, "prefill")]) == ["prefill-0", "prefill-1"]
         assert active(cluster, "decode") == ["decode-0"]
         decisions = "pdserve:autoscaler_scaling_decisions_total"
         ups = autoscaler.registry.get_sample_value(decisions, {"role": "decode", "direction": "up"})
         assert ups is None, "decode never scales"
     finally:
         autoscaler.stop_thread()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def register(redis_url: str, *pods: PodInfo) -> None:
+    async def go() -> None:
+        registry = PodRegistry(redis_url, ttl_s=120.0)
+        try:
+            for info in pods:
+                await registry.register(info)
+        finally:
+            await registry.aclose()
+
+    asyncio.run(go())
+
+
+def targets(metrics_url: str) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=1.0) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {
+        sample.labels["role"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "pdserve:autoscaler_target_replicas"
+    }
+
+
+def test_pdserve_autoscale_kubernetes_publishes_the_target_count_and_exits_on_sigterm() -> None:
+    with RedisServer() as redis:
+        register(
+            redis.url,
+            PodInfo("prefill-a", "prefill", "10.0.0.1:50051", "m", 1, num_waiting=9),
+            PodInfo("decode-a", "decode", "10.0.0.2:50051", "m", 1, num_free_blocks=100, num_total_blocks=100),
+        )
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "cli.main", "autoscale", "--redis-url", redis.url, "--connector", "kubernetes",
+            "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--autoscale-interval-s", "0.2",
+            "--prefill-waiting-high", "4",
+        ]  # fmt: skip
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            assert wait_until(lambda: targets(url) == {"prefill": 2.0}, 20.0, interval_s=0.1), targets(url)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                output, _ = process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+        assert process.returncode == 0, output
+        assert "autoscaler: prefill up 1 -> 2: waiting requests per pod 9.00 > high 4" in output
