@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import socket
 import subprocess
@@ -32,11 +33,14 @@ from common.pod_registry import PodInfo, PodRegistry, PodRole
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until
 
 CONCURRENCY = 8
-PROMPT_TOKENS = 384
-AUTOSCALER = AutoscalerConfig(
+PREFILL_HEAVY = AutoscalerConfig(
     min_prefill=1, max_prefill=2, min_decode=1, max_decode=2, autoscale_interval_s=0.3, scale_down_window_s=2.0,
     action_timeout_s=90.0, prefill_waiting_high=2.0, prefill_waiting_low=0.5,
 )  # fmt: skip
+DECODE_HEAVY = dataclasses.replace(
+    PREFILL_HEAVY, prefill_waiting_high=100.0, decode_requests_high=3.0, decode_requests_low=1.5
+)
+DECISIONS = "pdserve:autoscaler_scaling_decisions_total"
 
 
 @pytest.fixture
@@ -55,19 +59,20 @@ def active(cluster: LocalCluster, role: PodRole) -> list[str]:
     return [p.pod_id for p in cluster.pod_infos() if p.role == role and not p.draining]
 
 
-class PrefillLoad:
-    """`concurrency` threads, each sending one long uncached prompt after the other until `stop`."""
+class Load:
+    """`concurrency` threads, each sending one uncached prompt of `prompt_tokens` tokens (`max_tokens` each) after
+    the other until `stop`."""
 
-    def __init__(self, client: GenerationClient, concurrency: int, first_seed: int = 0) -> None:
+    def __init__(
+        self, client: GenerationClient, concurrency: int, prompt_tokens: int, max_tokens: int, first_seed: int = 0
+    ) -> None:
         self._client = client
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sizes = (concurrency, prompt_tokens, max_tokens)
         self.completed = 0
         self.failures: list[BaseException] = []
-        self._lock = threading.Lock()
-        self._concurrency = concurrency
         self._threads = [threading.Thread(target=self._loop, args=(first_seed + i,)) for i in range(concurrency)]
-
-    def start(self) -> None:
         for thread in self._threads:
             thread.start()
 
@@ -77,12 +82,13 @@ class PrefillLoad:
             thread.join()
 
     def _loop(self, seed: int) -> None:
+        concurrency, prompt_tokens, max_tokens = self._sizes
         while not self._stop.is_set():
             # NOTE: a fresh seed per request: prompts share no prefix, so every one is a full prefill.
-            prompt = token_prefix(seed)[:PROMPT_TOKENS]
-            seed += self._concurrency
+            prompt = token_prefix(seed)[:prompt_tokens]
+            seed += concurrency
             try:
-                run(self._client, token_ids=prompt, max_tokens=1, temperature=0.0)
+                run(self._client, token_ids=prompt, max_tokens=max_tokens, temperature=0.0)
             except Exception as exc:
                 with self._lock:
                     self.failures.append(exc)
@@ -91,41 +97,57 @@ class PrefillLoad:
                 self.completed += 1
 
 
-def test_prefill_load_adds_a_prefill_pod_then_it_drains_once_the_load_stops(cluster: LocalCluster) -> None:
-    autoscaler, _ = start_for_cluster(AUTOSCALER, cluster)
+def scale_out_then_in(
+    cluster: LocalCluster, config: AutoscalerConfig, role: PodRole, sizes: tuple[int, int], steady_s: float
+) -> None:
+    """Under CONCURRENCY requests of `sizes` (prompt tokens, max tokens), `role` goes from 1 pod to 2 and stays at
+    2 for `steady_s` more; then, under a trickle of one request at a time, its less loaded pod drains and exits 0.
+    The other role stays at 1 throughout; no request fails; each count changed exactly once each way."""
+    other: PodRole = "decode" if role == "prefill" else "prefill"
+    autoscaler, _ = start_for_cluster(config, cluster)
+    drained: dict[str, int] = {}
+
+    def back_to_one() -> bool:
+        drained.update(cluster.reap_drained())
+        return len([p for p in cluster.pod_infos() if p.role == role]) == 1 and bool(drained)
+
     try:
-        drained: dict[str, int] = {}
-
-        def back_to_one() -> bool:
-            drained.update(cluster.reap_drained())
-            return len([p for p in cluster.pod_infos() if p.role == "prefill"]) == 1 and bool(drained)
-
         with GenerationClient(cluster.router_address) as client:
-            load = PrefillLoad(client, CONCURRENCY)
-            load.start()
+            load = Load(client, CONCURRENCY, *sizes)
             try:
-                scaled_out = wait_until(lambda: len(active(cluster, "prefill")) == 2, 60.0, interval_s=0.2)
-                assert active(cluster, "decode") == ["decode-0"]
+                scaled_out = wait_until(lambda: len(active(cluster, role)) == 2, 60.0, interval_s=0.2)
+                assert active(cluster, other) == [f"{other}-0"]
+                steady = not wait_until(lambda: len(active(cluster, role)) != 2, steady_s, interval_s=0.2)
             finally:
                 load.stop()
             assert scaled_out, cluster.pod_infos()
-            trickle = PrefillLoad(client, 1, first_seed=10_000)
-            trickle.start()
+            trickle = Load(client, 1, *sizes, first_seed=10_000)
             try:
                 scaled_in = wait_until(back_to_one, 30.0, interval_s=0.2)
             finally:
                 trickle.stop()
-        assert load.failures == [] and trickle.failures == []
-        assert load.completed > 0 and trickle.completed > 0
-        assert scaled_in, cluster.pod_infos()
-        assert len(drained) == 1 and list(drained.values()) == [0]
-        assert sorted([*drained, *active(cluster, "prefill")]) == ["prefill-0", "prefill-1"]
-        assert active(cluster, "decode") == ["decode-0"]
-        decisions = "pdserve:autoscaler_scaling_decisions_total"
-        ups = autoscaler.registry.get_sample_value(decisions, {"role": "decode", "direction": "up"})
-        assert ups is None, "decode never scales"
     finally:
         autoscaler.stop_thread()
+    assert load.failures == [] and trickle.failures == []
+    assert load.completed > 0 and trickle.completed > 0
+    assert steady and scaled_in, cluster.pod_infos()
+    assert list(drained.values()) == [0]
+    assert sorted([*drained, *active(cluster, role)]) == [f"{role}-0", f"{role}-1"]
+    assert active(cluster, other) == [f"{other}-0"]
+    counts = {
+        (r, d): autoscaler.registry.get_sample_value(DECISIONS, {"role": r, "direction": d})
+        for r in ("prefill", "decode") for d in ("up", "down")
+    }  # fmt: skip
+    assert counts == {(role, "up"): 1, (role, "down"): 1, (other, "up"): None, (other, "down"): None}
+
+
+def test_prefill_load_adds_a_prefill_pod_then_one_drains_once_the_load_stops(cluster: LocalCluster) -> None:
+    scale_out_then_in(cluster, PREFILL_HEAVY, "prefill", sizes=(384, 1), steady_s=0.0)
+
+
+@pytest.mark.slow
+def test_decode_load_adds_a_decode_pod_that_stays_while_the_load_lasts_then_one_drains(cluster: LocalCluster) -> None:
+    scale_out_then_in(cluster, DECODE_HEAVY, "decode", sizes=(16, 48), steady_s=5.0)
 
 
 def free_port() -> int:
