@@ -31,12 +31,12 @@ ConnectorFactory = Callable[[CollectorRegistry], Connector]
 class Autoscaler:
     """One autoscaler over the pod registry at `redis_url`."""
 
-    def __init__(self, config: AutoscalerConfig, redis_url: str, connector: ConnectorFactory) -> None:
+    def __init__(self, config: AutoscalerConfig, redis_url: str, make_connector: ConnectorFactory) -> None:
         self.config = config
         self._redis_url = redis_url
         self.registry = CollectorRegistry()
         self._metrics = AutoscalerMetrics(self.registry)
-        self._connector = connector(self.registry)
+        self._connector = make_connector(self.registry)
         self._server: WSGIServer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
