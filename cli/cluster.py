@@ -5,8 +5,9 @@ pods and the router together (`python -m prefill_service|decode_service|router` 
 each logging to its own file), and waits until every process reports SERVING on grpc.health.v1 and
 every pod is in the Redis registry; a process that exits early stops everything and raises
 `ClusterError` with its log tail. `stop()` SIGTERMs the router, then every pod (they drain), waits,
-kills what is left, and stops Redis last. The tests also add, stop and signal single pods, and stop
-and restart Redis on the same port.
+kills what is left, and stops Redis last. Single pods can be added (`add_pod`) and drained in the background
+(`drain_pod`, the autoscaler's local connector); the tests also stop and signal single pods, and stop and
+restart Redis on the same port.
 
 What it starts, and each process's /metrics port, is a `ClusterConfig` (cli.cluster_config); each child is a
 `ServiceProcess` (cli.service_process).
@@ -57,6 +58,9 @@ class LocalCluster:
         self.router: ServiceProcess | None = None
         self.pods: dict[str, ServiceProcess] = {}
         """Running pods by pod id, in start order."""
+        self.draining: dict[str, ServiceProcess] = {}
+        """Pods `drain_pod` sent SIGTERM that have not exited yet (no longer in `pods`)."""
+        self._stopped = False
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
         self._router_port = config.port or _free_port()
         self._warned: set[str] = set()
@@ -78,6 +82,7 @@ class LocalCluster:
 
     def start(self) -> None:
         """Start everything and wait until it serves; on any failure stop what started and raise."""
+        self._stopped = False
         try:
             if self.redis is not None:
                 self.redis.start()
@@ -99,9 +104,25 @@ class LocalCluster:
             self._run(self._wait_serving([pod], [pod.name]))
         except BaseException:
             self._stop_processes([pod])
-            del self.pods[pod.name]
+            # NOTE: a `stop()` from another thread meanwhile already took it out of `pods`.
+            self.pods.pop(pod.name, None)
             raise
         return pod.name
+
+    def drain_pod(self, pod_id: str) -> ServiceProcess:
+        """SIGTERM a pod without waiting: it leaves `pods` at once and stays in `draining` until it exits (it
+        drains its requests first); `stop()` waits for it."""
+        self.reap_drained()
+        process = self.stop_pod(pod_id, wait=False)
+        self.draining[pod_id] = process
+        return process
+
+    def reap_drained(self) -> dict[str, int]:
+        """Forget the draining pods that have exited; their exit codes by pod id."""
+        exited = {name: code for name, p in list(self.draining.items()) if (code := p.returncode) is not None}
+        for name in exited:
+            del self.draining[name]
+        return exited
 
     def stop_pod(self, pod: str | int, sig: signal.Signals = signal.SIGTERM, wait: bool = True) -> ServiceProcess:
         """Send `sig` to a pod (by id, or index into `pod_ids`) and drop it from `pods`; with `wait`, reap it
@@ -139,11 +160,17 @@ class LocalCluster:
 
     def stop(self) -> None:
         """SIGTERM the router, then every pod; wait (kill after stop_timeout_s); stop Redis last. Idempotent."""
+        # NOTE: set first, so an `add_pod` on another thread starts no pod that this stop would miss.
+        self._stopped = True
         router, self.router = self.router, None
         if router is not None:
             self._stop_processes([router])
         pods, self.pods = list(self.pods.values()), {}
         self._stop_processes(pods)
+        draining, self.draining = list(self.draining.values()), {}
+        for process in draining:
+            code = process.wait_or_kill(self.config.stop_timeout_s)
+            logger.info("%s (drained) exited with code %s", process.name, code)
         if self.redis is not None:
             self.redis.stop()
 
@@ -155,9 +182,12 @@ class LocalCluster:
         self.stop()
 
     def _processes(self) -> list[ServiceProcess]:
+        # NOTE: copied in one step (no Python code runs during it): other threads may add and drain pods.
         return [*([self.router] if self.router is not None else []), *self.pods.values()]
 
     def _spawn_pod(self, role: PodRole, extra_args: Sequence[str] = ()) -> ServiceProcess:
+        if self._stopped:
+            raise ClusterError(f"the cluster is stopped; no new {role} pod")
         pod_id = f"{role}-{self._next_index[role]}"
         self._next_index[role] += 1
         port = _free_port()

@@ -1,7 +1,8 @@
 """The `pdserve` command: a local cluster in one command, each service on its own, and a streaming client.
 
 pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100]
-           [--otlp-endpoint URL] [pod flags ...]
+           [--otlp-endpoint URL] [--autoscale [--min-prefill N --max-prefill N ...]] [pod flags ...]
+pdserve autoscale --redis-url URL [--connector kubernetes] [--min-prefill N --max-prefill N ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
@@ -25,10 +26,12 @@ from typing import TypeAlias, cast
 
 import grpc
 
+from cli.autoscaler import commands as autoscale
 from cli.client import generate
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig
 from cli.health import DEFAULT_TIMEOUT_S, check_health
 from cli.service_process import ClusterError
+from common.config import ConfigValueError
 from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import bad_request_fields
 from engine.config import DEFAULT_MODEL
@@ -70,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "decode pods over gRPC, with a Redis prefix directory.")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_up(commands)
+    autoscale.add_autoscale_parser(commands)
     for name, (_, summary) in _SERVICE_MAINS.items():
         commands.add_parser(name, add_help=False, help=f"run {summary}; `pdserve {name} --help` for its flags")
     _add_generate(commands)
@@ -97,6 +101,7 @@ def _add_up(commands: _Commands) -> None:
                     f"further pods free ones; 0: free ports for all, {_NO_METRICS}: none (default: "
                     f"{DEFAULT_METRICS_PORT})")  # fmt: skip
     up.add_argument("--otlp-endpoint", help="OTLP collector for every process's traces (default: tracing off)")
+    autoscale.add_up_flags(up)
     up.set_defaults(func=_up)
 
 
@@ -157,13 +162,19 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
             metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
             otlp_endpoint=args.otlp_endpoint,
         )  # fmt: skip
+        autoscale_config = autoscale.autoscaler_config(args)
+    except ConfigValueError as exc:
+        print(f"pdserve up: {exc}", file=sys.stderr)
+        return 2
     except InvalidArgumentError as exc:
         print(f"pdserve up: --{_UP_FLAGS.get(exc.field, exc.field)}: {exc.description}", file=sys.stderr)
         return 2
     # NOTE: imported here (and cli.status in _status), so `pdserve health`, run by probes, loads no Redis client.
+    from cli.autoscaler.run import start_for_cluster
     from cli.cluster import LocalCluster
 
     cluster = LocalCluster(config)
+    autoscaler = None
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     # NOTE: SIGINT too: a shell starting `pdserve up` in the background (no job control) leaves it ignored.
     for sig in handlers:
@@ -174,6 +185,9 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
               f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
         for name, url in cluster.metrics_urls.items():
             print(f"  {name} metrics: {url}", flush=True)
+        if autoscale_config is not None:
+            autoscaler, autoscaler_url = start_for_cluster(autoscale_config, cluster)
+            print(f"  autoscaler metrics: {autoscaler_url or 'off'}", flush=True)
         while (exited := cluster.poll_exited()) is None:
             time.sleep(_WATCH_INTERVAL_S)
         print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
@@ -189,6 +203,8 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         # NOTE: a second Ctrl-C must not cut the shutdown short and orphan the pods while they drain.
         for sig in handlers:
             signal.signal(sig, signal.SIG_IGN)
+        if autoscaler is not None:
+            autoscaler.stop_thread()
         cluster.stop()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

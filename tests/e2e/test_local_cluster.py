@@ -88,6 +88,22 @@ def test_add_pod_then_stop_pod_by_id_and_by_index(cluster: LocalCluster) -> None
     assert [p.pod_id for p in cluster.pod_infos()] == ["decode-0", "prefill-1"]
 
 
+def test_drain_pod_returns_at_once_and_the_pod_is_reaped_once_it_exits(cluster: LocalCluster) -> None:
+    process = cluster.drain_pod("prefill-1")
+    assert cluster.pod_ids == ["prefill-0", "decode-0"] and list(cluster.draining) == ["prefill-1"]
+    assert process.wait_or_kill(5.0) == 0
+    assert cluster.reap_drained() == {"prefill-1": 0}
+    assert cluster.draining == {}
+
+
+def test_no_pod_starts_once_the_cluster_is_stopped(tmp_path: Path) -> None:
+    cluster = LocalCluster(config(tmp_path))
+    cluster.stop()
+    with pytest.raises(ClusterError, match="the cluster is stopped"):
+        cluster.add_pod("decode")
+    assert cluster.pods == {}
+
+
 def test_stop_pod_with_sigkill_leaves_the_registry_entry_to_its_ttl(cluster: LocalCluster) -> None:
     assert cluster.stop_pod("prefill-1", sig=signal.SIGKILL).returncode == -signal.SIGKILL
     assert "prefill-1" in [p.pod_id for p in cluster.pod_infos()]
