@@ -20,31 +20,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import signal
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from cli.child_env import ChildEnvironment
 from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.redis_server import RedisServer
 from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
-from common.config import env_name
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-PER_PROCESS_VARIABLES = tuple(env_name(dest) for dest in ("port", "pod_id", "kv_port", "metrics_port"))
-"""Variables of settings that must differ between the cluster's processes: never inherited (see `_child_env`)."""
 
 
 class LocalCluster:
@@ -63,8 +59,7 @@ class LocalCluster:
         self._stopped = False
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
         self._router_port = config.port or _free_port()
-        self._warned: set[str] = set()
-        """PDSERVE_* variables already logged as overridden by the cluster's flags (`_warn_overridden`)."""
+        self._env = ChildEnvironment(config.env, config.num_prefill + config.num_decode)
 
     @property
     def redis_url(self) -> str:
@@ -223,8 +218,7 @@ class LocalCluster:
             metrics_url = f"http://{_connect_host(self.config.host)}:{metrics_port}/metrics"
         argv = [*self.config.entry_points[role], *args, *user_args, *telemetry]
         address = f"{_connect_host(self.config.host)}:{port}"
-        env = self._child_env()
-        self._warn_overridden([*args, *telemetry], env)
+        env = self._env.for_process([*args, *telemetry])
         process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", env, metrics_url)
         logger.info("started %s (pid %d), logging to %s", name, process.pid, process.log_path)
         return process
@@ -253,26 +247,6 @@ class LocalCluster:
         for process in processes:
             code = process.wait_or_kill(self.config.stop_timeout_s)
             logger.info("%s exited with code %s", process.name, code)
-
-    def _warn_overridden(self, cluster_args: Sequence[str], env: Mapping[str, str]) -> None:
-        """Log once per variable that one of the cluster's own flags overrides in a process."""
-        for flag in (arg for arg in cluster_args if arg.startswith("--")):
-            name = env_name(flag.removeprefix("--").replace("-", "_"))
-            if name in env and name not in self._warned:
-                self._warned.add(name)
-                logger.warning("%s is ignored: the cluster passes its processes %s (flags win)", name, flag)
-
-    def _child_env(self) -> dict[str, str]:
-        # NOTE: PDSERVE_* variables reach every process, and the cluster's own flags win over them. Settings that
-        # must differ per process never come from the environment: their variables are dropped, so a decode pod's
-        # KV port stays a free one and, with metrics off, no process binds a /metrics port.
-        inherited = {name: value for name, value in os.environ.items() if name not in PER_PROCESS_VARIABLES}
-        env = {**inherited, **self.config.env, "PYTHONUNBUFFERED": "1"}
-        # NOTE: pods on a shared CPU fight over cores; one torch thread pool per pod sized to its share
-        # runs faster than every pod spinning up a thread per core. An explicit OMP_NUM_THREADS wins.
-        num_pods = max(1, self.config.num_prefill + self.config.num_decode)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_pods)))
-        return env
 
     def _owned_redis(self) -> RedisServer:
         if self.redis is None:

@@ -154,14 +154,7 @@ def _run_service(name: str, argv: list[str]) -> int:
 def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ClusterConfig(
-            num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port,
-            redis_url=args.redis_url, model=args.model, kv_transfer_backend=args.kv_transfer_backend,
-            registry_refresh_s=args.registry_refresh_s, pod_args=tuple(pod_args), log_dir=args.log_dir,
-            startup_timeout_s=args.startup_timeout_s, show_progress=True,
-            metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
-            otlp_endpoint=args.otlp_endpoint,
-        )  # fmt: skip
+        config = _cluster_config(args, pod_args)
         autoscale_config = autoscale.autoscaler_config(args)
     except ConfigValueError as exc:
         print(f"pdserve up: {exc}", file=sys.stderr)
@@ -208,6 +201,18 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         cluster.stop()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterConfig:
+    """`pdserve up`'s cluster from its flags; raises InvalidArgumentError naming a bad field."""
+    return ClusterConfig(
+        num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port,
+        redis_url=args.redis_url, model=args.model, kv_transfer_backend=args.kv_transfer_backend,
+        registry_refresh_s=args.registry_refresh_s, pod_args=tuple(pod_args), log_dir=args.log_dir,
+        startup_timeout_s=args.startup_timeout_s, show_progress=True,
+        metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
+        otlp_endpoint=args.otlp_endpoint,
+    )  # fmt: skip
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

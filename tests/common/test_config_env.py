@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import PER_PROCESS_VARIABLES, LocalCluster
-from cli.cluster_config import ClusterConfig
+from cli.child_env import PER_PROCESS_VARIABLES, ChildEnvironment
 from common.config import ConfigValueError, add_config_args, config_from_args
 from engine.config import CacheConfig, SchedulerConfig
 from pod.config import KVReceiverConfig, PodServerConfig, RegistryConfig, parse_pod_config
@@ -125,18 +124,19 @@ def test_a_real_router_process_names_a_bad_variable() -> None:
 
 
 def test_the_local_cluster_keeps_per_process_variables_from_its_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     for name in PER_PROCESS_VARIABLES:
         monkeypatch.setenv(name, "7000")
     monkeypatch.setenv("PDSERVE_NUM_BLOCKS", "64")
-    cluster = LocalCluster(ClusterConfig(redis_url="redis://127.0.0.1:1/0", log_dir=tmp_path))
-    env = cluster._child_env()
+    child_env = ChildEnvironment({}, num_pods=2)
+    env = child_env.for_process([])
     assert PER_PROCESS_VARIABLES == ("PDSERVE_PORT", "PDSERVE_POD_ID", "PDSERVE_KV_PORT", "PDSERVE_METRICS_PORT")
     assert [name for name in PER_PROCESS_VARIABLES if name in env] == []
     assert env["PDSERVE_NUM_BLOCKS"] == "64"
-    cluster._warn_overridden(["--host", "127.0.0.1", "--model", "m", "--model", "m"], {"PDSERVE_MODEL": "x"})
-    cluster._warn_overridden(["--model", "m"], {"PDSERVE_MODEL": "x"})
+    monkeypatch.setenv("PDSERVE_MODEL", "x")
+    child_env.for_process(["--host", "127.0.0.1", "--model", "m", "--model", "m"])
+    child_env.for_process(["--model", "m"])
     assert [r.getMessage() for r in caplog.records] == [
         "PDSERVE_MODEL is ignored: the cluster passes its processes --model (flags win)"
     ]
