@@ -204,7 +204,7 @@ elif [[ -x .venv/bin/pdserve ]]; then
 elif command -v pdserve >/dev/null; then
   CLI=(pdserve)
 else
-  CLI=(podman run --rm --network host "$IMAGE")
+  CLI=(podman run --rm --network host --no-healthcheck "$IMAGE")
 fi
 generate() { "${CLI[@]}" generate "$PROMPT" --address "$ROUTER" --max-tokens "${1:-8}" --temperature 0 --timeout-s 60; }
 
