@@ -16,7 +16,7 @@
 #   4. `podman system service` on a private socket (DOCKER_HOST for docker-compose), and a loop running
 #      `podman healthcheck run` on the project's containers every E2E_HEALTH_INTERVAL_S seconds: with no systemd,
 #      podman runs no healthcheck by itself, and `depends_on: condition: service_healthy` would wait forever
-#   5. `up -d --scale autoscaler=0` (`pdserve autoscale` is not in this tree yet), wait for router, prefill and
+#   5. `up -d` (the autoscaler is behind its `autoscale` profile: no compose connector yet), wait for router, prefill and
 #      decode to be healthy
 #   6. `pdserve generate "The capital of France is" --max-tokens 8 --temperature 0` through the published router
 #      port must print " Paris."
@@ -76,7 +76,6 @@ fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
 SERVICE_PID=""
 HEALTH_PID=""
 COMPOSE=(docker-compose --project-directory "$ROOT" -f "$ROOT/docker-compose.yml" -p "$PROJECT")
-SCALE_FIXED=(--scale autoscaler=0)
 
 cleanup() {
   local rc=$?
@@ -237,8 +236,8 @@ print(int(sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("p
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-step "5. up -d (autoscaler scaled to 0), wait until healthy"
-run "${COMPOSE[@]}" up -d "${SCALE_FIXED[@]}"
+step "5. up -d (the autoscaler stays off: profile autoscale), wait until healthy"
+run "${COMPOSE[@]}" up -d
 run podman ps --filter "label=com.docker.compose.project=$PROJECT" --format '{{.Names}} {{.Status}}'
 mapfile -t routers < <(containers_of router)
 mapfile -t prefills < <(containers_of prefill)
@@ -263,7 +262,7 @@ registered() {  # registered ROLE: the pod ids of that role in the registry
 read -ra old_ids <<<"$(registered decode)"
 echo "decode pods registered: ${old_ids[*]}"
 t_scale=$(now)
-run "${COMPOSE[@]}" up -d --no-recreate "${SCALE_FIXED[@]}" --scale decode=2
+run "${COMPOSE[@]}" up -d --no-recreate --scale decode=2
 mapfile -t decodes2 < <(containers_of decode)
 new=""
 for name in "${decodes2[@]}"; do [[ " ${decodes[*]} " == *" $name "* ]] || new="$name"; done
@@ -318,7 +317,7 @@ podman wait "$new" >"$E2E_WORK/removed-decode.exit" 2>&1 & wait_pid=$!
 sleep 3
 before=$(served_by "$new" || echo "?")
 t_down=$(date +%s)
-run "${COMPOSE[@]}" up -d --no-recreate "${SCALE_FIXED[@]}" --scale decode=1
+run "${COMPOSE[@]}" up -d --no-recreate --scale decode=1
 echo "scale-down returned after $(elapsed "$t_down")s; $new had finished $before requests when it began"
 sleep 3
 touch "$stop_flag"

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
+from cli.autoscaler.commands import CONNECTORS
 from pod.config import PodServerConfig, RegistryConfig
 from tests.deploy.helpers import DEFAULT_DRAIN_TIMEOUT_S, ROOT, ROUTER_DRAIN_S, duration_s, flag_value, require_tool
 
@@ -146,9 +147,10 @@ def test_services_use_the_password_protected_redis_url(services: dict[str, dict[
 
 def test_profiles(services: dict[str, dict[str, Any]]) -> None:
     profiles = {p for s in services.values() for p in s.get("profiles", [])}
-    assert {"gpu", "observability"} <= profiles
+    assert {"gpu", "observability", "autoscale"} <= profiles
     default = {name for name, s in services.items() if not s.get("profiles")}
-    assert default == {"redis", "router", "prefill", "decode", "autoscaler"}
+    assert default == {"redis", "router", "prefill", "decode"}
+    assert services["autoscaler"]["profiles"] == ["autoscale"]
     observability = {name for name, s in services.items() if "observability" in s.get("profiles", [])}
     assert {"otel-collector", "prometheus", "grafana"} <= observability
     assert {"jaeger", "tempo"} & observability
@@ -171,6 +173,11 @@ def test_autoscaler_runs_the_compose_connector(services: dict[str, dict[str, Any
     assert command[0] == "autoscale"
     assert flag_value(command, "--connector") == "compose"
     assert flag_value(command, "--redis-url") is not None
+
+
+@pytest.mark.xfail(strict=True, reason="pdserve autoscale has no compose connector yet (the deployment issue)")
+def test_the_autoscaler_command_is_one_pdserve_accepts(services: dict[str, dict[str, Any]]) -> None:
+    assert flag_value(services["autoscaler"]["command"], "--connector") in CONNECTORS
 
 
 def test_mounted_files_exist(services: dict[str, dict[str, Any]]) -> None:
