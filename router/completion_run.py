@@ -182,6 +182,10 @@ class CompletionRun:
         stack = contextlib.AsyncExitStack()
         try:
             decode_client = self._ctx.pods.client(decode_pod)
+            # NOTE: counted from the pick, not from Reserve's answer, so that a burst of completions picking pods
+            # at once spreads over the decode pods instead of all seeing the same idle one.
+            num_blocks = -(-num_prompt_tokens // self._ctx.block_size)
+            stack.enter_context(self._ctx.load.decoding(decode_pod.pod_id, num_blocks))
             try:
                 target = await decode_client.reserve(
                     request_id, num_prompt_tokens, self._params.max_tokens, self._remaining()
@@ -191,7 +195,6 @@ class CompletionRun:
             except ResourceExhaustedError as exc:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise _DecodePodFull(str(exc)) from exc
-            stack.enter_context(self._ctx.load.decoding(decode_pod.pod_id, len(target.block_ids)))
             reserved = _Reserved(decode_client, target)
             stack.push_async_callback(self._release_unclaimed, reserved)
             prefill_stream = self._ctx.pods.client(prefill_pod).prefill(
