@@ -165,8 +165,13 @@ def test_gpu_profile_gives_each_pod_service_one_gpu(services: dict[str, dict[str
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
         assert len(device["device_ids"]) == 1, f"{name}: one GPU per service"
         assert "ports" not in service and "container_name" not in service, name
-        if "cuda_ipc" in (flag_value(service["command"], "--kv-transfer-backend") or ""):
-            assert service.get("ipc") == "host" and service.get("pid") == "host", name
+        # NOTE: nccl between containers that see one GPU each; ipc/pid host for cuda_ipc on a shared device.
+        assert flag_value(service["command"], "--kv-transfer-backend") == "${PDSERVE_GPU_KV_BACKEND:-nccl}", name
+        assert service.get("ipc") == "host" and service.get("pid") == "host", name
+    devices = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in gpu.values()]
+    assert dict(zip(gpu, devices, strict=True)) == {
+        "prefill-gpu0": "${PDSERVE_PREFILL_GPU:-0}", "decode-gpu1": "${PDSERVE_DECODE_GPU:-1}",
+    }  # fmt: skip
 
 
 def test_autoscaler_runs_the_compose_connector_on_this_file(services: dict[str, dict[str, Any]]) -> None:
