@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
+from cli.cluster_config import ClusterConfig, parse_gpus
 from common.pod_registry import PodRegistry
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model
@@ -91,7 +91,7 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
             kv_transfer_backend=args.kv_transfer_backend, registry_refresh_s=_REGISTRY_REFRESH_S,
             pod_args=tuple(pod_flags(args, model)), router_args=tuple(_router_flags(args, model, Path(workdir))),
             log_dir=args.log_dir, startup_timeout_s=args.startup_timeout_s, show_progress=args.progress,
-            metrics_port=None,
+            metrics_port=None, gpus=parse_gpus(args.gpus or ""),
         )  # fmt: skip
         with LocalCluster(config) as cluster:
             router = cluster.router

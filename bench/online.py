@@ -78,9 +78,14 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                          help="flags of the colocated engine only, after the pods' ('--num-blocks 2048')")  # fmt: skip
     cluster.add_argument("--redis-url", help="with --address: the cluster's Redis, to call pods directly (w8)")
     cluster.add_argument("--router-pid", type=int, help="with --address: the router's pid, for its CPU time (w8)")
-    cluster.add_argument("--cluster-gpus", type=int, default=1,
-                         help="GPUs the cluster counts as in per-GPU figures (w7; default 1: every pod of a "
-                         "LocalCluster runs on the same device)")  # fmt: skip
+    cluster.add_argument("--gpus", help="GPU ids to spread the LocalCluster's pods over, one per GPU where they fit "
+                         "(prefill pods, then decode pods; as `pdserve up --gpus`); default: the pods inherit "
+                         "CUDA_VISIBLE_DEVICES (all on its first GPU)")  # fmt: skip
+    cluster.add_argument("--cluster-gpus", type=int,
+                         help="GPUs the cluster counts as in per-GPU figures (w7; default: the GPUs the --gpus layout "
+                         "uses, else 1)")  # fmt: skip
+    cluster.add_argument("--dry-run", action="store_true", help="w7: print where each system runs and the GPUs its "
+                         "per-GPU figures divide by; run nothing")  # fmt: skip
     cluster.add_argument("--log-dir", type=Path, help="the cluster's process logs (default: a temp folder)")
     cluster.add_argument("--startup-timeout-s", type=float, default=600.0)
 

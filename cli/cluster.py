@@ -58,6 +58,8 @@ class LocalCluster:
         """Pods `drain_pod` sent SIGTERM that have not exited yet (no longer in `pods`)."""
         self._stopped = False
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
+        self._num_pods_spawned = 0
+        """Pods started so far, both roles: the next pod's index in the GPU layout (`ClusterConfig.pod_gpu`)."""
         self._router_port = config.port or _free_port()
         self._env = ChildEnvironment(config.env, config.num_prefill + config.num_decode)
 
@@ -191,7 +193,9 @@ class LocalCluster:
             "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
         ]  # fmt: skip
         user_args = [*self.config.pod_args, *extra_args]
-        process = self._spawn(pod_id, role, port, args, user_args, first=self._next_index[role] == 1)
+        devices = self.config.pod_visible_devices(self._num_pods_spawned)
+        self._num_pods_spawned += 1
+        process = self._spawn(pod_id, role, port, args, user_args, first=self._next_index[role] == 1, devices=devices)
         self.pods[pod_id] = process
         return process
 
@@ -203,10 +207,17 @@ class LocalCluster:
         return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
 
     def _spawn(
-        self, name: str, role: Role, port: int, args: Sequence[str], user_args: Sequence[str], first: bool
+        self,
+        name: str,
+        role: Role,
+        port: int,
+        args: Sequence[str],
+        user_args: Sequence[str],
+        first: bool,
+        devices: str | None = None,
     ) -> ServiceProcess:
         """Start one process with the cluster's `args` and the caller's `user_args`; `first`: the first of its
-        role (it gets the role's default metrics port)."""
+        role (it gets the role's default metrics port); `devices`: its CUDA_VISIBLE_DEVICES (None: inherited)."""
         telemetry: list[str] = []
         metrics_url: str | None = None
         if self.config.otlp_endpoint is not None:
@@ -219,8 +230,13 @@ class LocalCluster:
         argv = [*self.config.entry_points[role], *args, *user_args, *telemetry]
         address = f"{_connect_host(self.config.host)}:{port}"
         env = self._env.for_process([*args, *telemetry])
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
+            # NOTE: nvidia-smi's numbering (where the default ids come from), unless the caller chose an order.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", env, metrics_url)
-        logger.info("started %s (pid %d), logging to %s", name, process.pid, process.log_path)
+        logger.info("started %s (pid %d%s), logging to %s", name, process.pid,
+                    f", CUDA_VISIBLE_DEVICES={devices}" if devices else "", process.log_path)  # fmt: skip
         return process
 
     async def _wait_serving(self, processes: Sequence[ServiceProcess], pod_ids: Sequence[str]) -> None:

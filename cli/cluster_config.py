@@ -3,10 +3,23 @@
 Telemetry: every process serves Prometheus /metrics (`--metrics-port`): the router on `metrics_port`, the
 first prefill pod on `metrics_port + 1`, the first decode pod on `metrics_port + 2`, further pods on free
 ports (all on free ports with `metrics_port=0`; none with None); `otlp_endpoint` goes to every process.
+
+GPUs (`pdserve up --gpus`): the pods are spread over `gpus` through each pod process's CUDA_VISIBLE_DEVICES. The
+rule: the pods in start order (the prefill pods, then the decode pods, then any pod added later) take the GPUs
+round-robin: pod k gets `gpus[k % len(gpus)]`, which its CUDA_VISIBLE_DEVICES lists first (its `cuda:0`, where the
+engine runs), followed by the others in turn (`--gpus 0,1`: prefill-0 gets "0,1", decode-0 "1,0"). NOTE: the other
+GPUs stay visible because the cuda_ipc backend maps the prefill pool of a pod on another GPU (peer access), which
+CUDA allows only for a visible device. So with at least as many GPUs as pods each pod has a GPU of
+its own (1 prefill + 1 decode on 0,1: prefill-0 on 0, decode-0 on 1), and with fewer the pods share them evenly
+(2 + 2 on 0,1: prefill-0 and decode-0 on 0, prefill-1 and decode-1 on 1). With no GPUs (a CPU host) the pods
+inherit CUDA_VISIBLE_DEVICES as it is. The router uses no GPU.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,6 +77,9 @@ class ClusterConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables of every process (e.g. OTEL_BSP_SCHEDULE_DELAY)."""
     entry_points: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: dict(ENTRY_POINTS))
+    gpus: tuple[str, ...] = ()
+    """GPU ids (CUDA_VISIBLE_DEVICES values: indices or GPU-/MIG- UUIDs) the pods are spread over (see the module
+    docstring); empty: CUDA_VISIBLE_DEVICES is left as it is."""
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode"):
@@ -73,3 +89,54 @@ class ClusterConfig:
             raise InvalidArgumentError("port", f"must be in [0, 65535], got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < (1 << 16) - 2:
             raise InvalidArgumentError("metrics_port", f"must be in [0, 65533], got {self.metrics_port}")
+        _check_gpu_ids(self.gpus)
+
+    def pod_gpu(self, pod_index: int) -> str | None:
+        """The GPU of the pod started `pod_index`-th (0-based, over both roles); None without `gpus`."""
+        return self.gpus[pod_index % len(self.gpus)] if self.gpus else None
+
+    def pod_visible_devices(self, pod_index: int) -> str | None:
+        """The CUDA_VISIBLE_DEVICES of the pod started `pod_index`-th: its GPU first, then the others in turn."""
+        if not self.gpus:
+            return None
+        first = pod_index % len(self.gpus)
+        return ",".join(self.gpus[first:] + self.gpus[:first])
+
+    def gpu_layout(self) -> dict[str, str]:
+        """The GPU of each pod `LocalCluster.start` starts, by pod id; empty without `gpus`."""
+        pod_ids = [f"prefill-{i}" for i in range(self.num_prefill)] + [f"decode-{i}" for i in range(self.num_decode)]
+        return {pod_id: gpu for index, pod_id in enumerate(pod_ids) if (gpu := self.pod_gpu(index)) is not None}
+
+
+_GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+def _check_gpu_ids(gpus: tuple[str, ...]) -> None:
+    bad = [gpu for gpu in gpus if not _GPU_ID.fullmatch(gpu)]
+    if bad:
+        raise InvalidArgumentError("gpus", f"not GPU ids (indices or GPU-/MIG- UUIDs): {', '.join(map(repr, bad))}")
+    if len(set(gpus)) != len(gpus):
+        raise InvalidArgumentError("gpus", f"a GPU is named twice: {','.join(gpus)}")
+
+
+def parse_gpus(text: str) -> tuple[str, ...]:
+    """`--gpus 0,1,...` as ids (checked as `ClusterConfig` does); '' or 'none' is no GPU."""
+    gpus = () if text.strip().lower() in ("", "none") else tuple(gpu.strip() for gpu in text.split(","))
+    _check_gpu_ids(gpus)
+    return gpus
+
+
+def visible_gpus(environ: Mapping[str, str], nvidia_smi: str | None = None) -> tuple[str, ...]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the indices `nvidia-smi` lists (found
+    on PATH unless given), else none (a CPU host)."""
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return tuple(gpu.strip() for gpu in environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip() not in ("", "-1"))
+    command = nvidia_smi or shutil.which("nvidia-smi")
+    if command is None:
+        return ()
+    try:
+        listing = subprocess.run([command, "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(line.strip() for line in listing.splitlines() if line.strip())

@@ -1,8 +1,8 @@
 """The `pdserve` command: a local cluster in one command, each service on its own, and a streaming client.
 
-pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100]
+pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100] [--gpus 0,1,...]
            [--otlp-endpoint URL] [--autoscale [--min-prefill N --max-prefill N ...]] [pod flags ...]
-pdserve autoscale --redis-url URL [--connector kubernetes] [--min-prefill N --max-prefill N ...]
+pdserve autoscale --redis-url URL [--connector kubernetes|compose] [--min-prefill N --max-prefill N ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -28,7 +29,7 @@ import grpc
 
 from cli.autoscaler import commands as autoscale
 from cli.client import generate
-from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig
+from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
 from cli.health import DEFAULT_TIMEOUT_S, check_health
 from cli.service_process import ClusterError
 from common.config import ConfigValueError
@@ -101,6 +102,10 @@ def _add_up(commands: _Commands) -> None:
                     f"further pods free ones; 0: free ports for all, {_NO_METRICS}: none (default: "
                     f"{DEFAULT_METRICS_PORT})")  # fmt: skip
     up.add_argument("--otlp-endpoint", help="OTLP collector for every process's traces (default: tracing off)")
+    up.add_argument("--gpus", help="GPU ids to spread the pods over, comma-separated: one GPU per pod where they "
+                    "fit (prefill pods, then decode pods, round-robin), as each pod's CUDA_VISIBLE_DEVICES; 'none': "
+                    "leave it as is (default: every visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi; none on a "
+                    "CPU host)")  # fmt: skip
     autoscale.add_up_flags(up)
     up.set_defaults(func=_up)
 
@@ -212,6 +217,7 @@ def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterCon
         startup_timeout_s=args.startup_timeout_s, show_progress=True,
         metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
         otlp_endpoint=args.otlp_endpoint,
+        gpus=parse_gpus(args.gpus) if args.gpus is not None else visible_gpus(os.environ),
     )  # fmt: skip
 
 

@@ -8,20 +8,23 @@
 #   1. podman, debootstrap, docker-compose (and catatonit for `init: true`) via apt-get when missing;
 #      /etc/containers/containers.conf gets `[containers] default_ulimits = []` (podman cannot start containers
 #      here otherwise)
-#   2. base images from Debian packages: a debootstrapped bookworm root with python3 + python3-venv, imported as
-#      localhost/pdserve-base:bookworm; a copy of it with redis-server added, imported as
-#      localhost/pdserve-redis:bookworm (REDIS_IMAGE: no third-party image is reachable). Skipped when present
-#      (E2E_REBUILD_BASE=1 rebuilds them).
+#   2. base images from Debian packages: a debootstrapped bookworm root with python3 + python3-venv; a copy of it
+#      with redis-server added, imported as localhost/pdserve-redis:bookworm (REDIS_IMAGE: no third-party image is
+#      reachable); the root itself with docker-compose added (the autoscaler service's compose CLI), imported as
+#      localhost/pdserve-base:bookworm. Skipped when present (E2E_REBUILD_BASE=1 rebuilds them).
 #   3. the wheelhouse (scripts/wheelhouse.sh cpu) and `podman build --format docker --target cpu`
-#   4. `podman system service` on a private socket (DOCKER_HOST for docker-compose), and a loop running
+#   4. `podman system service` on a private socket (DOCKER_HOST for docker-compose; CONTAINER_SOCKET, group-readable,
+#      for the autoscaler container), and a loop running
 #      `podman healthcheck run` on the project's containers every E2E_HEALTH_INTERVAL_S seconds: with no systemd,
 #      podman runs no healthcheck by itself, and `depends_on: condition: service_healthy` would wait forever
-#   5. `up -d` (the autoscaler is behind its `autoscale` profile: no compose connector yet), wait for router, prefill and
-#      decode to be healthy
+#   5. `up -d`, wait for router, prefill, decode and the autoscaler to be healthy
 #   6. `pdserve generate "The capital of France is" --max-tokens 8 --temperature 0` through the published router
 #      port must print " Paris."
-#   7. scale decode to 2: once the new pod is healthy, the router must send it a request within 5 s
-#   8. scale decode back to 1 while clients send requests: the removed pod drains, no request fails
+#   7. the autoscaler scales decode to 2 (its container re-created with PDSERVE_MIN_DECODE=2: its compose connector
+#      runs `docker-compose up -d --no-deps --no-recreate --scale decode=2 decode` inside it); once the new pod
+#      serves, the router must send it a request within 5 s
+#   8. the autoscaler scales decode back to 1 (PDSERVE_MAX_DECODE=1) while clients send requests: compose SIGTERMs
+#      the new pod, which drains; no request fails
 #   9. `down`: every container and the network gone; the health loop and the podman service stopped (also on
 #      failure, by the EXIT trap)
 #
@@ -137,24 +140,34 @@ run docker-compose version --short
 
 # ---------------------------------------------------------------------------------------------------------------
 step "2. base images from Debian packages (debootstrap bookworm, podman import)"
-if [[ "${E2E_REBUILD_BASE:-0}" == 1 ]] || ! podman image exists "$BASE_IMAGE" || ! podman image exists "$REDIS_IMAGE"; then
+chroot_install() {  # chroot_install ROOT PACKAGE...: apt-get install into a debootstrapped root, no daemon started
+  local root=$1
+  shift
+  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+  chmod +x "$root/usr/sbin/policy-rc.d"
+  run chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $* >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*"
+  rm -f "$root/usr/sbin/policy-rc.d"
+}
+has_compose_cli() { podman run --rm --no-healthcheck "$BASE_IMAGE" test -x /usr/bin/docker-compose 2>/dev/null; }
+if [[ "${E2E_REBUILD_BASE:-0}" == 1 ]] || ! podman image exists "$BASE_IMAGE" || ! podman image exists "$REDIS_IMAGE" \
+  || ! has_compose_cli; then
   rootfs="$E2E_WORK/rootfs"
   rm -rf "$rootfs" "$rootfs-redis"
   printf '$ debootstrap --variant=minbase --include=python3,python3-venv bookworm %s %s\n' "$rootfs" "$DEBIAN_MIRROR"
   debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$DEBIAN_MIRROR" \
     >"$E2E_WORK/debootstrap.log" 2>&1 || { tail -n 20 "$E2E_WORK/debootstrap.log"; fail "debootstrap failed"; }
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  printf '$ tar -C %s -c . | podman import - %s\n' "$rootfs" "$BASE_IMAGE"
-  tar -C "$rootfs" -c . | podman import --message "debootstrap bookworm minbase + python3 python3-venv" - "$BASE_IMAGE"
   # Redis: the same root plus Debian's redis-server (redis-cli comes with it, for the healthcheck).
   cp -a "$rootfs" "$rootfs-redis"
-  printf '#!/bin/sh\nexit 101\n' >"$rootfs-redis/usr/sbin/policy-rc.d"
-  chmod +x "$rootfs-redis/usr/sbin/policy-rc.d"
-  run chroot "$rootfs-redis" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*'
-  rm -f "$rootfs-redis/usr/sbin/policy-rc.d"
+  chroot_install "$rootfs-redis" redis-server
   printf '$ tar -C %s -c . | podman import - %s\n' "$rootfs-redis" "$REDIS_IMAGE"
   tar -C "$rootfs-redis" -c . | podman import --message "pdserve-base + redis-server" \
     --change 'USER redis' --change 'CMD ["redis-server"]' - "$REDIS_IMAGE"
+  # The pdserve base: plus Debian's docker-compose, the compose CLI the autoscaler service runs.
+  chroot_install "$rootfs" docker-compose
+  printf '$ tar -C %s -c . | podman import - %s\n' "$rootfs" "$BASE_IMAGE"
+  tar -C "$rootfs" -c . | podman import --message "debootstrap bookworm minbase + python3 python3-venv docker-compose" \
+    - "$BASE_IMAGE"
   rm -rf "$rootfs" "$rootfs-redis"
 else
   echo "present: $BASE_IMAGE $REDIS_IMAGE (E2E_REBUILD_BASE=1 rebuilds them)"
@@ -179,6 +192,10 @@ SERVICE_PID=$!
 export DOCKER_HOST="unix://$sock"
 for _ in $(seq 50); do [[ -S "$sock" ]] && break; sleep 0.2; done
 [[ -S "$sock" ]] || fail "podman system service did not open $sock"
+# NOTE: podman makes the socket 0600 root:root; the autoscaler container (uid 10001, group_add DOCKER_GID=0) needs
+# group rw, as on Docker's 0660 root:docker /var/run/docker.sock.
+chmod 0660 "$sock"
+export CONTAINER_SOCKET="$sock" DOCKER_GID=0 PDSERVE_AUTOSCALE_INTERVAL_S=2
 run docker-compose version --short >/dev/null
 # NOTE: one `podman healthcheck run` per container with a healthcheck, all at once (a pdserve check takes
 # about a second of CPU), every HEALTH_INTERVAL_S seconds. It stands in for the systemd timers podman would
@@ -236,13 +253,15 @@ print(int(sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("p
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-step "5. up -d (the autoscaler stays off: profile autoscale), wait until healthy"
+step "5. up -d, wait until healthy"
 run "${COMPOSE[@]}" up -d
 run podman ps --filter "label=com.docker.compose.project=$PROJECT" --format '{{.Names}} {{.Status}}'
 mapfile -t routers < <(containers_of router)
 mapfile -t prefills < <(containers_of prefill)
 mapfile -t decodes < <(containers_of decode)
 wait_healthy 600 "${routers[@]}" "${prefills[@]}" "${decodes[@]}"
+mapfile -t autoscalers < <(containers_of autoscaler)
+wait_healthy 120 "${autoscalers[@]}"
 run podman ps --filter "label=com.docker.compose.project=$PROJECT" --format '{{.Names}} {{.Status}}'
 pod_status
 
@@ -254,19 +273,28 @@ printf '%s\n' "$out"
 [[ "$out" == *" Paris."* ]] || fail "expected \" Paris.\" in the completion"
 
 # ---------------------------------------------------------------------------------------------------------------
-step "7. scale decode to 2: the router uses the new pod within 5 s"
+step "7. the autoscaler scales decode to 2: the router uses the new pod within 5 s"
 registered() {  # registered ROLE: the pod ids of that role in the registry
   podman exec "${routers[0]}" pdserve status --json --redis-url "redis://:$REDIS_PASSWORD@redis:6379/0" |
     python3 -c 'import json, sys; print(" ".join(p["pod_id"] for p in json.load(sys.stdin)["pods"] if p["role"] == sys.argv[1]))' "$1"
 }
 read -ra old_ids <<<"$(registered decode)"
 echo "decode pods registered: ${old_ids[*]}"
+# The compose connector's lines of the autoscaler's log (the commands it ran, and their end).
+autoscaler_log() { podman logs "$(containers_of autoscaler | head -n 1)" 2>&1 | grep -E 'autoscaler: (adding|draining|done|.* exited with)' || true; }
 t_scale=$(now)
-run "${COMPOSE[@]}" up -d --no-recreate --scale decode=2
-mapfile -t decodes2 < <(containers_of decode)
+# NOTE: re-created with decode bounds 2..2, the autoscaler's planner asks for one more decode pod (the bounds rule)
+# and its compose connector adds it from inside its container.
+run env PDSERVE_MIN_DECODE=2 PDSERVE_MAX_DECODE=2 "${COMPOSE[@]}" up -d --no-deps autoscaler
 new=""
-for name in "${decodes2[@]}"; do [[ " ${decodes[*]} " == *" $name "* ]] || new="$name"; done
-[[ -n "$new" ]] || fail "no new decode container"
+while [[ -z "$new" ]]; do
+  for name in $(containers_of decode); do [[ " ${decodes[*]} " == *" $name "* ]] || new="$name"; done
+  [[ -n "$new" ]] && break
+  [[ $(since "$t_scale" | cut -d. -f1) -lt 120 ]] || { autoscaler_log; fail "the autoscaler added no decode container in 120 s"; }
+  sleep 1
+done
+echo "the autoscaler added $new $(since "$t_scale")s after it was re-created:"
+autoscaler_log
 echo "new decode container: $new (hostname $(podman inspect --format '{{.Config.Hostname}}' "$new"))"
 # NOTE: requests go through the router from the start, two at a time (so the pick is not only the tie-break
 # between idle pods), until one reports (`pdserve generate` prints the pods on stderr: decode_pod=...) a decode pod
@@ -297,7 +325,7 @@ echo "$new healthy $(since "$t_scale")s after the scale-up began"
 pod_status
 
 # ---------------------------------------------------------------------------------------------------------------
-step "8. scale decode back to 1 under load: the removed pod drains, no request fails"
+step "8. the autoscaler scales decode back to 1 under load: the removed pod drains, no request fails"
 results="$E2E_WORK/scale-down-results"
 rm -f "$results"
 stop_flag="$E2E_WORK/scale-down.stop"
@@ -317,8 +345,15 @@ podman wait "$new" >"$E2E_WORK/removed-decode.exit" 2>&1 & wait_pid=$!
 sleep 3
 before=$(served_by "$new" || echo "?")
 t_down=$(date +%s)
-run "${COMPOSE[@]}" up -d --no-recreate --scale decode=1
-echo "scale-down returned after $(elapsed "$t_down")s; $new had finished $before requests when it began"
+run env PDSERVE_MIN_DECODE=1 PDSERVE_MAX_DECODE=1 "${COMPOSE[@]}" up -d --no-deps autoscaler
+# NOTE: compose (in the autoscaler) stops the highest-numbered decode container, $new, and removes it once it exited.
+while podman container exists "$new"; do
+  (($(date +%s) < t_down + 180)) || { autoscaler_log; fail "$new is still there 180 s after the autoscaler was re-created"; }
+  sleep 1
+done
+echo "$new removed $(elapsed "$t_down")s after the autoscaler was re-created; it had finished $before requests" \
+  "when the scale-in began. The autoscaler:"
+autoscaler_log
 sleep 3
 touch "$stop_flag"
 wait "$c1" "$c2" "$c3"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from cli.autoscaler.config import AutoscalerConfig
+from cli.autoscaler.config import AutoscalerConfig, ComposeConfig
 from common.config import add_config_args, config_from_args
 
-CONNECTORS = ("local", "kubernetes")
+CONNECTORS = ("local", "compose", "kubernetes")
 DEFAULT_METRICS_PORT = 9100
 
 
@@ -19,8 +19,9 @@ def add_autoscale_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
     parser = commands.add_parser(
         "autoscale", help="scale prefill and decode pods on their load (from the Redis registry)",
         description="Decide each role's pod count every --autoscale-interval-s from the registry's load and apply "
-        "it with the connector. kubernetes: publish the target counts on /metrics for KEDA or an HPA. local: only "
-        "with `pdserve up --autoscale`, which runs the pods it acts on.",
+        "it with the connector. kubernetes: publish the target counts on /metrics for KEDA or an HPA. compose: scale "
+        "the project's prefill and decode services with the compose CLI (--compose-*). local: only with `pdserve up "
+        "--autoscale`, which runs the pods it acts on.",
     )  # fmt: skip
     parser.add_argument("--redis-url", required=True, help="the Redis of the pod registry")
     parser.add_argument("--connector", choices=CONNECTORS, default="kubernetes", help="how to apply changes "
@@ -29,6 +30,7 @@ def add_autoscale_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                         help=f"the autoscaler's /metrics port; -1: none (default: {DEFAULT_METRICS_PORT})")  # fmt: skip
     parser.add_argument("--metrics-host", default="0.0.0.0", help="interface of /metrics (default: 0.0.0.0)")
     add_config_args(parser, AutoscalerConfig)
+    add_config_args(parser, ComposeConfig)
     parser.set_defaults(func=_autoscale)
 
 

@@ -77,3 +77,22 @@ class AutoscalerConfig:
         ):
             _check_watermarks(self, low_name, high_name)
         _require(self.decode_kv_high <= 1, "decode_kv_high", f"must be <= 1, got {self.decode_kv_high}")
+
+
+@dataclass(frozen=True, slots=True)
+class ComposeConfig:
+    """How `pdserve autoscale --connector compose` reaches the compose project whose `prefill` and `decode`
+    services it scales (flags `--compose-command`, ...; variables `PDSERVE_COMPOSE_COMMAND`, ...)."""
+
+    compose_command: str = field(
+        default="",
+        metadata=doc("the compose CLI, shell-split ('docker compose', 'docker-compose', ...); empty: the first found"),
+    )
+    compose_file: str = field(default="", metadata=doc("the compose file (-f); empty: the CLI's default"))
+    compose_project: str = field(default="", metadata=doc("the compose project (-p); empty: the CLI's default"))
+    compose_timeout_s: float = field(
+        default=300.0, metadata=doc("how long one compose command may run (a scale-in waits for the pod's drain)")
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.compose_timeout_s > 0, "compose_timeout_s", f"must be > 0, got {self.compose_timeout_s}")

@@ -4,8 +4,8 @@ drains (`pod_to_drain`), and `KubernetesConnector`, which only publishes the tar
 A connector gets every non-hold `Decision` of the driver (`scale`), reports the roles whose last change it is
 still applying (`pending`, read into each snapshot), and is closed once the driver stops. A scale-in always
 drains: the connector stops one pod of the role gracefully (SIGTERM: the pod reports draining, finishes its
-requests, deregisters and exits), never kills it. A new connector (e.g. compose: `up -d --scale ROLE=N
---no-recreate`) implements these three methods.
+requests, deregisters and exits), never kills it. The connectors: `LocalConnector` (cli/autoscaler/local_connector.py),
+`ComposeConnector` (cli/autoscaler/compose_connector.py) and `KubernetesConnector` below.
 """
 
 from __future__ import annotations

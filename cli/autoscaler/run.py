@@ -6,17 +6,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import sys
 import threading
 from types import FrameType
 
-from cli.autoscaler.config import AutoscalerConfig
+from cli.autoscaler.compose_connector import ComposeConnector, find_compose_command
+from cli.autoscaler.config import AutoscalerConfig, ComposeConfig
 from cli.autoscaler.connector import KubernetesConnector
 from cli.autoscaler.local_connector import LocalConnector
-from cli.autoscaler.service import Autoscaler
+from cli.autoscaler.service import Autoscaler, ConnectorFactory
 from cli.cluster import LocalCluster
 from common.config import ConfigValueError, config_from_args
+from common.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,14 @@ def autoscale_command(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     try:
         config = config_from_args(AutoscalerConfig, args)
-    except ConfigValueError as exc:
-        print(f"pdserve autoscale: {exc}", file=sys.stderr)
+        make_connector = _connector_factory(args)
+    except InvalidArgumentError as exc:
+        # NOTE: a ConfigValueError names its flag or variable in str(); the others name their flag in the text.
+        print(f"pdserve autoscale: {exc if isinstance(exc, ConfigValueError) else exc.description}",
+              file=sys.stderr)  # fmt: skip
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    autoscaler = Autoscaler(config, args.redis_url, KubernetesConnector)
+    autoscaler = Autoscaler(config, args.redis_url, make_connector)
     if args.metrics_port >= 0:
         port = autoscaler.serve_metrics(args.metrics_port, args.metrics_host)
         print(f"pdserve autoscale: metrics on http://{args.metrics_host}:{port}/metrics", flush=True)
@@ -50,6 +56,17 @@ def autoscale_command(args: argparse.Namespace, extra: list[str]) -> int:
         signal.signal(sig, on_signal)
     asyncio.run(autoscaler.run(stop))
     return 0
+
+
+def _connector_factory(args: argparse.Namespace) -> ConnectorFactory:
+    """The connector of --connector kubernetes or compose; raises InvalidArgumentError (a bad flag, no compose
+    CLI)."""
+    if args.connector == "kubernetes":
+        return KubernetesConnector
+    compose = config_from_args(ComposeConfig, args)
+    command = find_compose_command(compose.compose_command)
+    print(f"pdserve autoscale: scaling with {shlex.join(command)}", flush=True)
+    return lambda _: ComposeConnector(compose, command)
 
 
 def start_for_cluster(config: AutoscalerConfig, cluster: LocalCluster) -> tuple[Autoscaler, str | None]:

@@ -18,6 +18,7 @@ from cli.autoscaler.driver import AutoscaleDriver
 from cli.autoscaler.local_connector import LocalConnector
 from cli.autoscaler.metrics import AutoscalerMetrics
 from cli.autoscaler.planner import Decision
+from cli.autoscaler.service import _without_password
 from cli.main import main
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
@@ -222,3 +223,15 @@ def test_bad_autoscaler_settings_are_refused_before_anything_starts(
 ) -> None:
     assert main([*command, "--min-prefill", "3", "--max-prefill", "2"]) == 2
     assert "--max-prefill: must be >= min_prefill (3), got 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "logged"),
+    [
+        ("redis://:s3cret@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("rediss://user:s3cret@10.0.0.7/2", "rediss://user:***@10.0.0.7/2"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_the_logged_registry_url_masks_the_password(url: str, logged: str) -> None:
+    assert _without_password(url) == logged

@@ -12,7 +12,9 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
-from cli.autoscaler.commands import CONNECTORS
+from cli.autoscaler.config import AutoscalerConfig
+from cli.main import _parser
+from common.config import env_name
 from pod.config import PodServerConfig, RegistryConfig
 from tests.deploy.helpers import DEFAULT_DRAIN_TIMEOUT_S, ROOT, ROUTER_DRAIN_S, duration_s, flag_value, require_tool
 
@@ -147,10 +149,9 @@ def test_services_use_the_password_protected_redis_url(services: dict[str, dict[
 
 def test_profiles(services: dict[str, dict[str, Any]]) -> None:
     profiles = {p for s in services.values() for p in s.get("profiles", [])}
-    assert {"gpu", "observability", "autoscale"} <= profiles
+    assert profiles == {"gpu", "observability"}
     default = {name for name, s in services.items() if not s.get("profiles")}
-    assert default == {"redis", "router", "prefill", "decode"}
-    assert services["autoscaler"]["profiles"] == ["autoscale"]
+    assert default == {"redis", "router", "prefill", "decode", "autoscaler"}
     observability = {name for name, s in services.items() if "observability" in s.get("profiles", [])}
     assert {"otel-collector", "prometheus", "grafana"} <= observability
     assert {"jaeger", "tempo"} & observability
@@ -164,20 +165,45 @@ def test_gpu_profile_gives_each_pod_service_one_gpu(services: dict[str, dict[str
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
         assert len(device["device_ids"]) == 1, f"{name}: one GPU per service"
         assert "ports" not in service and "container_name" not in service, name
-        if "cuda_ipc" in (flag_value(service["command"], "--kv-transfer-backend") or ""):
-            assert service.get("ipc") == "host" and service.get("pid") == "host", name
+        # NOTE: nccl between containers that see one GPU each; ipc/pid host for cuda_ipc on a shared device.
+        assert flag_value(service["command"], "--kv-transfer-backend") == "${PDSERVE_GPU_KV_BACKEND:-nccl}", name
+        assert service.get("ipc") == "host" and service.get("pid") == "host", name
+    devices = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in gpu.values()]
+    assert dict(zip(gpu, devices, strict=True)) == {
+        "prefill-gpu0": "${PDSERVE_PREFILL_GPU:-0}", "decode-gpu1": "${PDSERVE_DECODE_GPU:-1}",
+    }  # fmt: skip
 
 
-def test_autoscaler_runs_the_compose_connector(services: dict[str, dict[str, Any]]) -> None:
-    command = services["autoscaler"]["command"]
-    assert command[0] == "autoscale"
-    assert flag_value(command, "--connector") == "compose"
-    assert flag_value(command, "--redis-url") is not None
+def test_autoscaler_runs_the_compose_connector_on_this_file(services: dict[str, dict[str, Any]]) -> None:
+    autoscaler = services["autoscaler"]
+    command = [arg.replace("${COMPOSE_PROJECT_NAME:-pdserve}", "pdserve") for arg in autoscaler["command"]]
+    command = [arg.replace("${REDIS_PASSWORD:?set REDIS_PASSWORD}", PASSWORD) for arg in command]
+    args = _parser().parse_args(command)
+    assert (args.command, args.connector, args.compose_file, args.compose_project) == (
+        "autoscale", "compose", "/etc/pdserve/compose/docker-compose.yml", "pdserve",
+    )  # fmt: skip
+    assert f"./docker-compose.yml:{args.compose_file}:ro" in autoscaler["volumes"]
+    assert "${CONTAINER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock" in autoscaler["volumes"]
+    assert autoscaler["environment"]["DOCKER_HOST"] == "unix:///var/run/docker.sock"
 
 
-@pytest.mark.xfail(strict=True, reason="pdserve autoscale has no compose connector yet (the deployment issue)")
-def test_the_autoscaler_command_is_one_pdserve_accepts(services: dict[str, dict[str, Any]]) -> None:
-    assert flag_value(services["autoscaler"]["command"], "--connector") in CONNECTORS
+def test_the_autoscaler_renders_the_file_as_the_host_does(services: dict[str, dict[str, Any]]) -> None:
+    """Every variable the pod services' images and commands use reaches the autoscaler with the same default; its
+    bounds default to AutoscalerConfig's."""
+    env = services["autoscaler"]["environment"]
+    assert env["PDSERVE_IMAGE"] == services["decode"]["image"] == services["prefill"]["image"]
+    assert env["PDSERVE_CUDA_IMAGE"] == services["decode-gpu1"]["image"]
+    assert env["REDIS_IMAGE"] == services["redis"]["image"]
+    assert env["REDIS_PASSWORD"] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+    defaults = AutoscalerConfig()
+    for name in ("min_prefill", "max_prefill", "min_decode", "max_decode", "autoscale_interval_s"):
+        variable = env_name(name)
+        assert env[variable] == f"${{{variable}:-{getattr(defaults, name):g}}}", variable
+
+
+def test_the_autoscaler_outlasts_a_drain_it_started(services: dict[str, dict[str, Any]]) -> None:
+    autoscaler_s = duration_s(services["autoscaler"]["stop_grace_period"])
+    assert autoscaler_s > max(duration_s(services[role]["stop_grace_period"]) for role in POD_ROLES)
 
 
 def test_mounted_files_exist(services: dict[str, dict[str, Any]]) -> None:

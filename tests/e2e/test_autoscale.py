@@ -5,17 +5,25 @@
   loaded prefill pod drains and exits 0, and prefill is back at 1; no request fails.
 - `pdserve autoscale --connector kubernetes`: publishes the target count of an overloaded role on /metrics, and
   exits 0 on SIGTERM.
+
+With AUTOSCALE_TIMELINE_CSV=PATH the scale-out/in runs append their timeline to PATH, one row per registry read
+every TIMELINE_INTERVAL_S (the test's name, seconds since the autoscaler started, active and draining pods per role,
+and the load the planner sees); scripts/plot_autoscale.py draws it (docs/deploy-autoscale.svg).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
 import dataclasses
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +49,8 @@ DECODE_HEAVY = dataclasses.replace(
     PREFILL_HEAVY, prefill_waiting_high=100.0, decode_requests_high=3.0, decode_requests_low=1.5
 )
 DECISIONS = "pdserve:autoscaler_scaling_decisions_total"
+TIMELINE_COLUMNS = ("run", "t_s", "prefill_pods", "decode_pods", "draining_pods", "prefill_waiting", "decode_requests")
+TIMELINE_INTERVAL_S = 0.5
 
 
 @pytest.fixture
@@ -97,6 +107,40 @@ class Load:
                 self.completed += 1
 
 
+@contextlib.contextmanager
+def timeline(cluster: LocalCluster, run_name: str) -> Iterator[None]:
+    """With AUTOSCALE_TIMELINE_CSV set: append the cluster's pods and load every TIMELINE_INTERVAL_S to it."""
+    path = os.environ.get("AUTOSCALE_TIMELINE_CSV")
+    if not path:
+        yield
+        return
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def sample() -> None:
+        with open(path, "a", newline="") as out:
+            writer = csv.writer(out)
+            if out.tell() == 0:
+                writer.writerow(TIMELINE_COLUMNS)
+            while not stop.wait(TIMELINE_INTERVAL_S):
+                pods = cluster.pod_infos()
+                live = [p for p in pods if not p.draining]
+                writer.writerow([
+                    run_name, f"{time.monotonic() - started:.2f}", sum(p.role == "prefill" for p in live),
+                    sum(p.role == "decode" for p in live), sum(p.draining for p in pods),
+                    sum(p.num_waiting for p in pods if p.role == "prefill"),
+                    sum(p.num_running + p.num_waiting for p in pods if p.role == "decode"),
+                ])  # fmt: skip
+
+    sampler = threading.Thread(target=sample, name="autoscale-timeline")
+    sampler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sampler.join()
+
+
 def scale_out_then_in(
     cluster: LocalCluster, config: AutoscalerConfig, role: PodRole, sizes: tuple[int, int], steady_s: float
 ) -> None:
@@ -104,30 +148,31 @@ def scale_out_then_in(
     2 for `steady_s` more; then, under a trickle of one request at a time, its less loaded pod drains and exits 0.
     The other role stays at 1 throughout; no request fails; each count changed exactly once each way."""
     other: PodRole = "decode" if role == "prefill" else "prefill"
-    autoscaler, _ = start_for_cluster(config, cluster)
-    drained: dict[str, int] = {}
+    with timeline(cluster, f"{role}-heavy"):
+        autoscaler, _ = start_for_cluster(config, cluster)
+        drained: dict[str, int] = {}
 
-    def back_to_one() -> bool:
-        drained.update(cluster.reap_drained())
-        return len([p for p in cluster.pod_infos() if p.role == role]) == 1 and bool(drained)
+        def back_to_one() -> bool:
+            drained.update(cluster.reap_drained())
+            return len([p for p in cluster.pod_infos() if p.role == role]) == 1 and bool(drained)
 
-    try:
-        with GenerationClient(cluster.router_address) as client:
-            load = Load(client, CONCURRENCY, *sizes)
-            try:
-                scaled_out = wait_until(lambda: len(active(cluster, role)) == 2, 60.0, interval_s=0.2)
-                assert active(cluster, other) == [f"{other}-0"]
-                steady = not wait_until(lambda: len(active(cluster, role)) != 2, steady_s, interval_s=0.2)
-            finally:
-                load.stop()
-            assert scaled_out, cluster.pod_infos()
-            trickle = Load(client, 1, *sizes, first_seed=10_000)
-            try:
-                scaled_in = wait_until(back_to_one, 30.0, interval_s=0.2)
-            finally:
-                trickle.stop()
-    finally:
-        autoscaler.stop_thread()
+        try:
+            with GenerationClient(cluster.router_address) as client:
+                load = Load(client, CONCURRENCY, *sizes)
+                try:
+                    scaled_out = wait_until(lambda: len(active(cluster, role)) == 2, 60.0, interval_s=0.2)
+                    assert active(cluster, other) == [f"{other}-0"]
+                    steady = not wait_until(lambda: len(active(cluster, role)) != 2, steady_s, interval_s=0.2)
+                finally:
+                    load.stop()
+                assert scaled_out, cluster.pod_infos()
+                trickle = Load(client, 1, *sizes, first_seed=10_000)
+                try:
+                    scaled_in = wait_until(back_to_one, 30.0, interval_s=0.2)
+                finally:
+                    trickle.stop()
+        finally:
+            autoscaler.stop_thread()
     assert load.failures == [] and trickle.failures == []
     assert load.completed > 0 and trickle.completed > 0
     assert steady and scaled_in, cluster.pod_infos()
