@@ -20,8 +20,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.redis_server import RedisTLS
 from common.config import env_name
-from common.tls import INTERNAL_SERVER_NAME
+from common.tls import (
+    INTERNAL_SERVER_NAME,
+    ChannelSecurity,
+    ClusterTLSConfig,
+    client_security,
+    internal_channel_security,
+)
 
 VALID_DAYS = 30
 _OPENSSL_HINT = "install it with `apt-get install -y openssl` (Debian/Ubuntu) or `brew install openssl`"
@@ -72,6 +79,20 @@ class ClusterCredentials:
             "mtls_ca": self.ca, "mtls_cert": self.cert("internal"), "mtls_key": self.key("internal"),
         }  # fmt: skip
         return {env_name(name): str(path) for name, path in fields.items()}
+
+    def cluster_tls(self) -> ClusterTLSConfig:
+        """The internal planes' mTLS config, as the router and the pods have it."""
+        return ClusterTLSConfig(str(self.ca), str(self.cert("internal")), str(self.key("internal")))
+
+    def channel_security(self, role: str) -> ChannelSecurity:
+        """How a client of the cluster dials a process of `role`: the router over TLS, a pod with mTLS."""
+        if role == "router":
+            return client_security(str(self.ca))
+        return internal_channel_security(self.cluster_tls())
+
+    def redis_tls(self) -> RedisTLS:
+        """Redis serves TLS with the internal certificate."""
+        return RedisTLS(self.cert("internal"), self.key("internal"), self.ca)
 
 
 def make_ca(folder: Path, name: str = "ca") -> None:
