@@ -7,16 +7,19 @@
   `common.tls.INTERNAL_SERVER_NAME` and localhost, IP 127.0.0.1; server and client use);
 - `tokens`: one random bearer token; `redis-password`: Redis's `requirepass`.
 `process_env()` turns them into the `PDSERVE_*` variables every process reads (`--tls-*`, `--mtls-*`,
-`--auth-tokens-file`), so no secret appears on a command line.
+`--auth-tokens-file`), so no secret appears on a command line. `pdserve credentials DIR` writes the same files for
+docker compose (deploy/compose.secure.yml) and Kubernetes Secrets (deploy/kubernetes/overlays/secure).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,15 +61,17 @@ class ClusterCredentials:
         return self.folder / "tokens"
 
     @classmethod
-    def create(cls, folder: Path) -> ClusterCredentials:
-        """New CA, certificates, token and Redis password in `folder` (made if missing)."""
+    def create(cls, folder: Path, public_names: Sequence[str] = ()) -> ClusterCredentials:
+        """New CA, certificates, token and Redis password in `folder` (made if missing); `public_names`: more DNS
+        names of the router's public certificate."""
         if shutil.which("openssl") is None:
             raise FileNotFoundError(f"openssl is not on PATH; {_OPENSSL_HINT}")
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         credentials = cls(folder, secrets.token_urlsafe(32), secrets.token_urlsafe(24))
         make_ca(folder)
         host = socket.gethostname()
-        make_leaf(folder, "public", ["DNS:localhost", f"DNS:{host}", "IP:127.0.0.1"])
+        public = ["DNS:localhost", f"DNS:{host}", "IP:127.0.0.1", *(f"DNS:{name}" for name in public_names)]
+        make_leaf(folder, "public", public)
         make_leaf(folder, "internal", [f"DNS:{INTERNAL_SERVER_NAME}", "DNS:localhost", "IP:127.0.0.1"])
         _write_secret(credentials.tokens_file, credentials.token + "\n")
         _write_secret(folder / "redis-password", credentials.redis_password + "\n")
@@ -93,6 +98,24 @@ class ClusterCredentials:
     def redis_tls(self) -> RedisTLS:
         """Redis serves TLS with the internal certificate."""
         return RedisTLS(self.cert("internal"), self.key("internal"), self.ca)
+
+
+def add_credentials_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`pdserve credentials DIR`."""
+    parser = commands.add_parser("credentials", help="write a throwaway CA, certificates, token and Redis password",
+                                 description="Write ca.pem, public.pem/.key (the router's port), internal.pem/.key "
+                                 "(router, pods, Redis: mTLS), tokens and redis-password into FOLDER, for "
+                                 "deploy/compose.secure.yml or the Kubernetes secure overlay.")  # fmt: skip
+    parser.add_argument("folder", type=Path, help="where to write them (made if missing)")
+    parser.add_argument("--public-name", action="append", default=[], metavar="DNS",
+                        help="another DNS name clients reach the router by (repeatable)")  # fmt: skip
+    parser.set_defaults(func=_write_credentials)
+
+
+def _write_credentials(args: argparse.Namespace, extra: list[str]) -> int:
+    credentials = ClusterCredentials.create(args.folder, args.public_name)
+    print(f"wrote CA, certificates (valid {VALID_DAYS} days), token and Redis password to {credentials.folder}")
+    return 0
 
 
 def make_ca(folder: Path, name: str = "ca") -> None:

@@ -10,6 +10,7 @@ pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--tempe
 pdserve health ADDRESS [--service NAME] [--timeout-s 2] [--tls-ca ca.pem [--tls-cert c.pem --tls-key k.pem]]
                                                               (exit 0 when SERVING: container and k8s probes)
 pdserve status [--redis-url URL] [--router ADDRESS ...] [--json] [--tls-ca ca.pem]
+pdserve credentials DIR                    (a throwaway CA, certificates, token, Redis password: compose, k8s)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import grpc
 from cli.autoscaler import commands as autoscale
 from cli.client import generate
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
-from cli.credentials import ClusterCredentials
+from cli.credentials import ClusterCredentials, add_credentials_parser
 from cli.health import DEFAULT_TIMEOUT_S, check_health
 from cli.service_process import ClusterError
 from common.config import ConfigValueError
@@ -59,6 +60,7 @@ _WATCH_INTERVAL_S = 0.5
 _EXIT_INTERRUPTED = 130
 _DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _TOKEN_VARIABLE = "PDSERVE_TOKEN"
+_REDIS_URL_VARIABLE = "PDSERVE_REDIS_URL"
 
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -87,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_health(commands)
     _add_status(commands)
+    add_credentials_parser(commands)
     return parser
 
 
@@ -157,7 +160,8 @@ def _add_status(commands: _Commands) -> None:
     status = commands.add_parser("status", help="list the registered pods (state, load, KV use) and routers' health",
                                  description="Every pod in the Redis pod registry, as of its last heartbeat; "
                                  "routers do not register: name them with --router to see their health.")  # fmt: skip
-    status.add_argument("--redis-url", default=_DEFAULT_REDIS_URL, help=f"the registry (default: {_DEFAULT_REDIS_URL})")
+    status.add_argument("--redis-url", default=os.environ.get(_REDIS_URL_VARIABLE, _DEFAULT_REDIS_URL),
+                        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, or {_DEFAULT_REDIS_URL})")  # fmt: skip
     status.add_argument("--router", action="append", default=[], metavar="ADDRESS",
                         help="host:port of a router to health-check (repeatable)")  # fmt: skip
     status.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of a table")
