@@ -15,6 +15,7 @@ from common.tls import INTERNAL_SERVER_NAME
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderLink, SenderPlane, Staged
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
+from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.layout import KVLayout
 from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import ProtocolError, TransferError, TransportError
@@ -127,7 +128,7 @@ class SenderConnection(Generic[Staged]):
         host, port = parse_endpoint(self.endpoint)
         sock = socket.create_connection((host, port), timeout=self._connect_timeout_s)
         if self._ssl_context is not None:
-            sock = self._ssl_context.wrap_socket(sock, server_hostname=INTERNAL_SERVER_NAME)
+            sock = TLSSocket(sock, self._ssl_context, server_side=False, server_hostname=INTERNAL_SERVER_NAME)
         with self._lock:
             self._sock = sock
             if self._closed:

@@ -22,6 +22,7 @@ from kv_transfer.base import TransferHook, ignore_hook
 from kv_transfer.control.address import format_endpoint
 from kv_transfer.control.data_plane import ReceiverPlane
 from kv_transfer.control.receiver_connection import ReceiverConnection
+from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout
 from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
@@ -121,17 +122,17 @@ class SocketReceiver(ReservationReceiver):
             with self._lock:
                 self._connections.pop(sock, None)
 
-    def _authenticate(self, sock: socket.socket, context: ssl.SSLContext) -> ssl.SSLSocket | None:
+    def _authenticate(self, sock: socket.socket, context: ssl.SSLContext) -> TLSSocket | None:
         """The TLS handshake; None (logged, the socket closed) when the peer has no certificate of the cluster CA."""
         address = sock.getpeername()
         sock.settimeout(_HANDSHAKE_TIMEOUT_S)
         try:
-            peer = context.wrap_socket(sock, server_side=True)
+            peer = TLSSocket(sock, context, server_side=True)
         except (ssl.SSLError, OSError) as error:
-            with self._lock:
-                self.num_peers_refused += 1
             logger.warning("kv receiver %s refused a peer at %s without the cluster's credentials: %s",
                            self._endpoint, address, error)  # fmt: skip
+            with self._lock:
+                self.num_peers_refused += 1
             sock.close()
             return None
         peer.settimeout(self._poll_interval_s)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -29,6 +30,16 @@ def pool() -> torch.Tensor:
 def receiver(pool: torch.Tensor, cluster_tls: ClusterTLSConfig) -> Iterator[TcpReceiver]:
     with TcpReceiver(pool, BLOCK_SIZE, ssl_context=kv_server_context(cluster_tls)) as built:
         yield built
+
+
+def _eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether `condition` holds within `timeout_s` (the receiver logs and counts a refusal after closing)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _send(receiver: TcpReceiver, source: torch.Tensor, context: ssl.SSLContext | None) -> TransferState:
@@ -60,9 +71,9 @@ def test_a_peer_without_the_cluster_credentials_is_refused(
     context = kv_client_context(rogue_tls) if peer == "rogue_ca" else None
     with caplog.at_level(logging.WARNING, logger="kv_transfer.control.socket_receiver"):
         state = _send(receiver, random_pool(8, seed=1), context)
+        assert _eventually(lambda: receiver.num_peers_refused == 1)
     assert state is TransferState.FAILED
     assert torch.equal(pool, before)
-    assert receiver.num_peers_refused == 1
     assert receiver.num_connections_accepted == 1
     assert "without the cluster's credentials" in caplog.text
     assert receiver.state("t1") is TransferState.RESERVED
@@ -79,4 +90,23 @@ def test_raw_frames_before_a_handshake_are_never_read(receiver: TcpReceiver, poo
             answer = b""
     assert b"PDKV" not in answer
     assert torch.equal(pool, before)
-    assert receiver.num_peers_refused == 1
+    assert _eventually(lambda: receiver.num_peers_refused == 1)
+
+
+def test_many_chunks_in_flight_while_acks_come_back(cluster_tls: ClusterTLSConfig) -> None:
+    """The sender's writer thread sends while its reader thread takes ACKs on the same TLS connection (an
+    ssl.SSLSocket used so stalled: a write timed out under load), 64 chunks of 4 blocks of 64 KiB, all in flight."""
+    source = random_pool(256, seed=3, head_dim=1024)
+    destination = torch.zeros_like(source)
+    with (
+        TcpReceiver(destination, BLOCK_SIZE, ssl_context=kv_server_context(cluster_tls)) as receiver,
+        TcpSender(source, BLOCK_SIZE, ssl_context=kv_client_context(cluster_tls)) as sender,
+    ):
+        for i in range(64):
+            blocks = list(range(4 * i, 4 * i + 4))
+            receiver.expect(f"t{i}", blocks, lease_s=30.0)
+            sender.send(f"t{i}", receiver.endpoint, receiver.layout, blocks, blocks, last=True)
+        states = {sender.wait(f"t{i}", 60.0) for i in range(64)}
+    assert states == {TransferState.DONE}
+    assert torch.equal(destination, source)
+    assert sender.num_connections == 1
