@@ -6,14 +6,15 @@ A call carries `authorization: Bearer <token>` in its metadata. The authenticato
 2. no `authorization` entry, or one that is not `Bearer <token>`: UnauthenticatedError (UNAUTHENTICATED);
 3. a token that is not one of the accepted tokens: PermissionDeniedError (PERMISSION_DENIED);
 4. otherwise: let through.
-The presented token is compared with every accepted token with `hmac.compare_digest`, all of them each time, so
-the answer's timing says nothing about which token came close. Tokens come from `--auth-tokens-file` (one per
-line; blank lines and `#` comments skipped) and `--auth-tokens` / `PDSERVE_AUTH_TOKENS` (comma-separated); none
-given: auth off. Tokens are never logged.
+The presented token's SHA-256 is compared with every accepted token's with `hmac.compare_digest`, all of them each
+time, so the answer's timing says nothing about which token came close, nor about the tokens' lengths.
+Tokens come from `--auth-tokens-file` (one per line; blank lines and `#` comments skipped) and `--auth-tokens` /
+`PDSERVE_AUTH_TOKENS` (comma-separated); none given: auth off. Tokens are never logged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -85,8 +86,8 @@ class TokenAuthenticator:
     """Decides whether a call may go on; see the module docstring."""
 
     def __init__(self, tokens: Iterable[str], exempt_services: Sequence[str] = EXEMPT_SERVICES) -> None:
-        self._tokens = tuple(token.encode() for token in tokens)
-        if not self._tokens:
+        self._digests = tuple(_digest(token) for token in tokens)
+        if not self._digests:
             raise ValueError("no accepted token: leave auth off instead")
         self._exempt_prefixes = tuple(f"/{service}/" for service in exempt_services)
 
@@ -97,12 +98,16 @@ class TokenAuthenticator:
             return
         if authorization is None or not authorization.startswith(BEARER_PREFIX):
             raise UnauthenticatedError(f"missing bearer token: send metadata '{AUTHORIZATION_KEY}: Bearer <token>'")
-        presented = authorization.removeprefix(BEARER_PREFIX).strip().encode()
+        presented = _digest(authorization.removeprefix(BEARER_PREFIX).strip())
         matched = False
-        for token in self._tokens:
-            matched |= hmac.compare_digest(presented, token)
+        for digest in self._digests:
+            matched |= hmac.compare_digest(presented, digest)
         if not matched:
             raise PermissionDeniedError("bearer token not accepted")
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 def authenticator_for(config: AuthConfig) -> TokenAuthenticator | None:
