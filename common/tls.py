@@ -41,7 +41,8 @@ def _all_or_none(values: dict[str, str | None]) -> None:
     given = [name for name, value in values.items() if value]
     if given and len(given) != len(values):
         missing = sorted(set(values) - set(given))
-        raise InvalidArgumentError(missing[0], f"must be given with {', '.join(given)}")
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InvalidArgumentError(missing[0], f"must be given with {flags}")
 
 
 @dataclass(frozen=True, slots=True)
