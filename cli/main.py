@@ -153,6 +153,8 @@ def _add_health(commands: _Commands) -> None:
     health.add_argument("--tls-ca", help="dial over TLS, verifying the server against this PEM CA")
     health.add_argument("--tls-cert", help="client certificate (a pod with mTLS on: one its cluster CA signed)")
     health.add_argument("--tls-key", help="private key of --tls-cert")
+    health.add_argument("--token", default=os.environ.get(_TOKEN_VARIABLE),
+                        help=f"bearer token, if health needs one (default: env {_TOKEN_VARIABLE})")  # fmt: skip
     health.set_defaults(func=_health)
 
 
@@ -310,7 +312,7 @@ def _health(args: argparse.Namespace, extra: list[str]) -> int:
     # NOTE: with a client certificate the server is a pod, whose certificate names the cluster, not its address.
     server_name = INTERNAL_SERVER_NAME if args.tls_cert else None
     security = client_security(args.tls_ca, args.tls_cert, args.tls_key, server_name)
-    check = asyncio.run(check_health(args.address, args.service, args.timeout_s, security))
+    check = asyncio.run(check_health(args.address, args.service, args.timeout_s, security, args.token))
     print(check.describe(), file=sys.stdout if check.serving else sys.stderr)
     return 0 if check.serving else 1
 

@@ -13,6 +13,7 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health, health_pb2
 
+from cli.health import HealthCheck, check_health
 from common.auth import (
     AuthConfig,
     AuthInterceptor,
@@ -99,3 +100,23 @@ def test_the_interceptor_refuses_calls_on_a_real_server() -> None:
         "right": grpc.StatusCode.OK,
         "exempt": grpc.StatusCode.OK,
     }
+
+
+def test_pdserve_health_presents_its_token() -> None:
+    """`pdserve health --token` against a router whose health needs one (--no-auth-exempt-health)."""
+
+    async def checks() -> tuple[HealthCheck, HealthCheck]:
+        authenticator = authenticator_for(AuthConfig(auth_tokens="alpha", auth_exempt_health=False))
+        assert authenticator is not None
+        server = grpc.aio.server(interceptors=[AuthInterceptor(authenticator), ErrorInterceptor()])
+        await add_standard_services(server, []).set_serving()
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        try:
+            return await check_health(address), await check_health(address, token="alpha")
+        finally:
+            await server.stop(None)
+
+    without, with_token = asyncio.run(checks())
+    assert (without.status, without.detail.split(":")[0]) == ("UNREACHABLE", "UNAUTHENTICATED")
+    assert with_token.status == "SERVING"
