@@ -124,9 +124,10 @@ class SocketReceiver(ReservationReceiver):
 
     def _authenticate(self, sock: socket.socket, context: ssl.SSLContext) -> TLSSocket | None:
         """The TLS handshake; None (logged, the socket closed) when the peer has no certificate of the cluster CA."""
-        address = sock.getpeername()
-        sock.settimeout(_HANDSHAKE_TIMEOUT_S)
+        address = "?"
         try:
+            address = sock.getpeername()
+            sock.settimeout(_HANDSHAKE_TIMEOUT_S)
             peer = TLSSocket(sock, context, server_side=True)
         except (ssl.SSLError, OSError) as error:
             logger.warning("kv receiver %s refused a peer at %s without the cluster's credentials: %s",
