@@ -6,7 +6,8 @@
         print(response.text, end="", flush=True)
 
 Sampling keyword arguments are the fields of `pdserve.v1.SamplingParams` (max_tokens, temperature,
-top_p, top_k, seed, stop, ...). Leaving the loop early cancels the request on the server.
+top_p, top_k, seed, stop, ...). Leaving the loop early cancels the request on the server. A router with
+auth and TLS on: `GenerationClient(address, token="...", security=client_security(ca="ca.pem"))`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import grpc
-
+from common.auth import bearer_metadata
+from common.tls import ChannelSecurity
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 _SAMPLING_FIELDS = sampling_pb2.SamplingParams.DESCRIPTOR.fields_by_name
@@ -61,10 +62,12 @@ def build_request(
 
 
 class GenerationClient:
-    """One channel to a pdserve router; `generate` may be called from many threads at once."""
+    """One channel to a pdserve router (plain text, or TLS with `security`); every call presents `token` as its
+    bearer token when given. `generate` may be called from many threads at once."""
 
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, token: str | None = None, security: ChannelSecurity | None = None) -> None:
+        self._metadata = bearer_metadata(token)
+        self._channel = (security or ChannelSecurity()).channel(address)
         self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
 
     def generate(
@@ -85,7 +88,7 @@ class GenerationClient:
         request = build_request(
             prompt, messages=messages, token_ids=token_ids, request_id=request_id, cache_salt=cache_salt, **sampling
         )
-        call = self._stub.Generate(request, timeout=timeout_s)
+        call = self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata or None)
         try:
             yield from call
         finally:
@@ -110,8 +113,11 @@ def generate(
     messages: Sequence[Mapping[str, str]] | None = None,
     token_ids: Sequence[int] | None = None,
     timeout_s: float | None = None,
+    token: str | None = None,
+    security: ChannelSecurity | None = None,
     **kwargs: Any,
 ) -> Iterator[generation_pb2.GenerateResponse]:
-    """One Generate call on a channel of its own: `GenerationClient(address).generate(...)`, then close."""
-    with GenerationClient(address) as client:
+    """One Generate call on a channel of its own: `GenerationClient(address, token, security).generate(...)`, then
+    close."""
+    with GenerationClient(address, token, security) as client:
         yield from client.generate(prompt, messages=messages, token_ids=token_ids, timeout_s=timeout_s, **kwargs)

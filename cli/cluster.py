@@ -10,7 +10,9 @@ kills what is left, and stops Redis last. Single pods can be added (`add_pod`) a
 restart Redis on the same port.
 
 What it starts, and each process's /metrics port, is a `ClusterConfig` (cli.cluster_config); each child is a
-`ServiceProcess` (cli.service_process).
+`ServiceProcess` (cli.service_process). With `credentials` every process gets the `PDSERVE_*` variables that turn on
+tokens, TLS and mTLS, its own Redis requires a password over TLS, and the Redis URL (it carries the password)
+reaches the processes in `PDSERVE_REDIS_URL`, never on a command line.
 
 Every method blocks and may be called from any thread, also one running an event loop.
 """
@@ -36,7 +38,9 @@ from cli.child_env import ChildEnvironment
 from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.redis_server import RedisServer
 from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
+from common.config import env_name
 from common.pod_registry import PodInfo, PodRegistry, PodRole
+from common.redis_client import redact
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +54,11 @@ class LocalCluster:
         self.config = config
         self.log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-cluster-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.redis: RedisServer | None = None if config.redis_url else RedisServer()
+        self.redis: RedisServer | None = None
+        if not config.redis_url:
+            secure = config.credentials
+            self.redis = RedisServer() if secure is None else RedisServer(password=secure.redis_password,
+                                                                           tls=secure.redis_tls())  # fmt: skip
         self.router: ServiceProcess | None = None
         self.pods: dict[str, ServiceProcess] = {}
         """Running pods by pod id, in start order."""
@@ -61,7 +69,7 @@ class LocalCluster:
         self._num_pods_spawned = 0
         """Pods started so far, both roles: the next pod's index in the GPU layout (`ClusterConfig.pod_gpu`)."""
         self._router_port = config.port or _free_port()
-        self._env = ChildEnvironment(config.env, config.num_prefill + config.num_decode)
+        self._env = ChildEnvironment({**config.env, **self._secure_env()}, config.num_prefill + config.num_decode)
 
     @property
     def redis_url(self) -> str:
@@ -182,6 +190,16 @@ class LocalCluster:
         # NOTE: copied in one step (no Python code runs during it): other threads may add and drain pods.
         return [*([self.router] if self.router is not None else []), *self.pods.values()]
 
+    def _secure_env(self) -> dict[str, str]:
+        """With credentials: their variables and the Redis URL (which carries the password); else none."""
+        credentials = self.config.credentials
+        if credentials is None:
+            return {}
+        return {**credentials.process_env(), env_name("redis_url"): self.redis_url}
+
+    def _redis_args(self) -> list[str]:
+        return [] if self.config.credentials is not None else ["--redis-url", self.redis_url]
+
     def _spawn_pod(self, role: PodRole, extra_args: Sequence[str] = ()) -> ServiceProcess:
         if self._stopped:
             raise ClusterError(f"the cluster is stopped; no new {role} pod")
@@ -189,7 +207,7 @@ class LocalCluster:
         self._next_index[role] += 1
         port = _free_port()
         args = [
-            "--host", self.config.host, "--port", str(port), "--redis-url", self.redis_url, "--pod-id", pod_id,
+            "--host", self.config.host, "--port", str(port), *self._redis_args(), "--pod-id", pod_id,
             "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
         ]  # fmt: skip
         user_args = [*self.config.pod_args, *extra_args]
@@ -201,7 +219,7 @@ class LocalCluster:
 
     def _spawn_router(self) -> ServiceProcess:
         args = [
-            "--host", self.config.host, "--port", str(self._router_port), "--redis-url", self.redis_url,
+            "--host", self.config.host, "--port", str(self._router_port), *self._redis_args(),
             "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
         ]  # fmt: skip
         return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
@@ -234,7 +252,10 @@ class LocalCluster:
             env["CUDA_VISIBLE_DEVICES"] = devices
             # NOTE: nvidia-smi's numbering (where the default ids come from), unless the caller chose an order.
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        process = ServiceProcess(name, argv, address, self.log_dir / f"{name}.log", env, metrics_url)
+        process = ServiceProcess(
+            name, argv, address, self.log_dir / f"{name}.log", env, metrics_url,
+            None if self.config.credentials is None else self.config.credentials.channel_security(role),
+        )  # fmt: skip
         logger.info("started %s (pid %d%s), logging to %s", name, process.pid,
                     f", CUDA_VISIBLE_DEVICES={devices}" if devices else "", process.log_path)  # fmt: skip
         return process
@@ -287,7 +308,7 @@ async def _registered(redis_url: str, pod_ids: Sequence[str], timeout_s: float) 
             if not missing:
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"pods {missing} serve but are not in the registry at {redis_url}")
+                raise ClusterError(f"pods {missing} serve but are not in the registry at {redact(redis_url)}")
             await asyncio.sleep(POLL_S)
     finally:
         await registry.aclose()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cli.credentials import ClusterCredentials
 from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
 
@@ -80,6 +81,9 @@ class ClusterConfig:
     gpus: tuple[str, ...] = ()
     """GPU ids (CUDA_VISIBLE_DEVICES values: indices or GPU-/MIG- UUIDs) the pods are spread over (see the module
     docstring); empty: CUDA_VISIBLE_DEVICES is left as it is."""
+    credentials: ClusterCredentials | None = None
+    """Secure cluster (`pdserve up --secure`): bearer tokens and TLS on the router's port, mutual TLS between the
+    router and pods and on the KV sockets, and (for its own redis-server) a Redis password and TLS; None: all off."""
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode"):

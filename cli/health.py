@@ -11,6 +11,9 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
+from common.auth import bearer_metadata
+from common.tls import ChannelSecurity
+
 DEFAULT_TIMEOUT_S = 2.0
 SERVING = "SERVING"
 SERVICE_UNKNOWN = "SERVICE_UNKNOWN"
@@ -40,9 +43,17 @@ class HealthCheck:
         return f"{target}: {self.status}" + (f" ({self.detail})" if self.detail else "")
 
 
-async def check_health(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> HealthCheck:
-    """Ask the server at `address` (host:port) once whether `service` serves; never raises for gRPC errors."""
-    async with grpc.aio.insecure_channel(address) as channel:
+async def check_health(
+    address: str,
+    service: str = "",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: ChannelSecurity | None = None,
+    token: str | None = None,
+) -> HealthCheck:
+    """Ask the server at `address` (host:port) once whether `service` serves, dialing with `security` (default:
+    plain text) and presenting `token` (a router started with --no-auth-exempt-health); never raises for gRPC
+    errors."""
+    async with (security or ChannelSecurity()).aio_channel(address) as channel:
         # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.
         check = channel.unary_unary(
             f"/{health.SERVICE_NAME}/Check",
@@ -50,7 +61,9 @@ async def check_health(address: str, service: str = "", timeout_s: float = DEFAU
             response_deserializer=health_pb2.HealthCheckResponse.FromString,
         )
         try:
-            response = await check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+            response = await check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s, metadata=bearer_metadata(token)
+            )
         except grpc.aio.AioRpcError as exc:
             message = " ".join((exc.details() or "").split())
             detail = f"{exc.code().name}: {message}" if message else exc.code().name

@@ -1,24 +1,29 @@
 """The `pdserve` command: a local cluster in one command, each service on its own, and a streaming client.
 
 pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100] [--gpus 0,1,...]
-           [--otlp-endpoint URL] [--autoscale [--min-prefill N --max-prefill N ...]] [pod flags ...]
+           [--otlp-endpoint URL] [--secure [--secure-dir DIR]] [--autoscale [--min-prefill N ...]] [pod flags ...]
 pdserve autoscale --redis-url URL [--connector kubernetes|compose] [--min-prefill N --max-prefill N ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
 pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--temperature T] [--chat]
-pdserve health ADDRESS [--service NAME] [--timeout-s 2]       (exit 0 when SERVING: container and k8s probes)
-pdserve status [--redis-url URL] [--router ADDRESS ...] [--json]
+                 [--token T | env PDSERVE_TOKEN] [--tls-ca ca.pem]
+pdserve health ADDRESS [--service NAME] [--timeout-s 2] [--tls-ca ca.pem [--tls-cert c.pem --tls-key k.pem]]
+                                                              (exit 0 when SERVING: container and k8s probes)
+pdserve status [--redis-url URL] [--router ADDRESS ...] [--json] [--tls-ca ca.pem]
+pdserve credentials DIR                    (a throwaway CA, certificates, token, Redis password: compose, k8s)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,11 +35,13 @@ import grpc
 from cli.autoscaler import commands as autoscale
 from cli.client import generate
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
+from cli.credentials import ClusterCredentials, add_credentials_parser
 from cli.health import DEFAULT_TIMEOUT_S, check_health
 from cli.service_process import ClusterError
 from common.config import ConfigValueError
 from common.errors import InvalidArgumentError, UnavailableError
 from common.grpc_errors import bad_request_fields
+from common.tls import INTERNAL_SERVER_NAME, client_security
 from engine.config import DEFAULT_MODEL
 from pdserve.v1 import generation_pb2, sampling_pb2
 
@@ -52,6 +59,8 @@ _NO_METRICS = -1
 _WATCH_INTERVAL_S = 0.5
 _EXIT_INTERRUPTED = 130
 _DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+_TOKEN_VARIABLE = "PDSERVE_TOKEN"
+_REDIS_URL_VARIABLE = "PDSERVE_REDIS_URL"
 
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -80,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_health(commands)
     _add_status(commands)
+    add_credentials_parser(commands)
     return parser
 
 
@@ -106,6 +116,10 @@ def _add_up(commands: _Commands) -> None:
                     "fit (prefill pods, then decode pods, round-robin), as each pod's CUDA_VISIBLE_DEVICES; 'none': "
                     "leave it as is (default: every visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi; none on a "
                     "CPU host)")  # fmt: skip
+    up.add_argument("--secure", action="store_true",
+                    help="bearer tokens + TLS on the router, mTLS router->pods and on KV sockets, Redis password + "
+                    "TLS: throwaway CA, certificates and token made in --secure-dir (default: off)")  # fmt: skip
+    up.add_argument("--secure-dir", type=Path, help="where --secure writes them (default: <log dir>/secure)")
     autoscale.add_up_flags(up)
     up.set_defaults(func=_up)
 
@@ -122,6 +136,9 @@ def _add_generate(commands: _Commands) -> None:
     gen.add_argument("--seed", type=int, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
     gen.add_argument("--timeout-s", type=float, help="deadline of the whole request")
+    gen.add_argument("--token", default=os.environ.get(_TOKEN_VARIABLE),
+                     help=f"bearer token of a router with auth on (default: env {_TOKEN_VARIABLE})")  # fmt: skip
+    gen.add_argument("--tls-ca", help="dial the router over TLS, verifying it against this PEM CA")
     gen.set_defaults(func=_generate)
 
 
@@ -133,6 +150,11 @@ def _add_health(commands: _Commands) -> None:
     health.add_argument("--service", default="", help='the service to ask about (default: "", the whole server)')
     health.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"give up (UNREACHABLE) after this long (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
+    health.add_argument("--tls-ca", help="dial over TLS, verifying the server against this PEM CA")
+    health.add_argument("--tls-cert", help="client certificate (a pod with mTLS on: one its cluster CA signed)")
+    health.add_argument("--tls-key", help="private key of --tls-cert")
+    health.add_argument("--token", default=os.environ.get(_TOKEN_VARIABLE),
+                        help=f"bearer token, if health needs one (default: env {_TOKEN_VARIABLE})")  # fmt: skip
     health.set_defaults(func=_health)
 
 
@@ -140,10 +162,12 @@ def _add_status(commands: _Commands) -> None:
     status = commands.add_parser("status", help="list the registered pods (state, load, KV use) and routers' health",
                                  description="Every pod in the Redis pod registry, as of its last heartbeat; "
                                  "routers do not register: name them with --router to see their health.")  # fmt: skip
-    status.add_argument("--redis-url", default=_DEFAULT_REDIS_URL, help=f"the registry (default: {_DEFAULT_REDIS_URL})")
+    status.add_argument("--redis-url", default=os.environ.get(_REDIS_URL_VARIABLE, _DEFAULT_REDIS_URL),
+                        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, or {_DEFAULT_REDIS_URL})")  # fmt: skip
     status.add_argument("--router", action="append", default=[], metavar="ADDRESS",
                         help="host:port of a router to health-check (repeatable)")  # fmt: skip
     status.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of a table")
+    status.add_argument("--tls-ca", help="dial the routers over TLS, verifying them against this PEM CA")
     status.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"bound of each Redis and health call (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
     status.set_defaults(func=_status)
@@ -171,6 +195,8 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     from cli.autoscaler.run import start_for_cluster
     from cli.cluster import LocalCluster
 
+    if args.secure:
+        config = _secured(config, args.secure_dir)
     cluster = LocalCluster(config)
     autoscaler = None
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -183,6 +209,11 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
               f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
         for name, url in cluster.metrics_urls.items():
             print(f"  {name} metrics: {url}", flush=True)
+        if config.credentials is not None:
+            folder = config.credentials.folder
+            print(f"  secure: TLS (CA {folder / 'ca.pem'}), bearer token in {folder / 'tokens'}, mTLS inside; "
+                  f"pdserve generate --tls-ca {folder / 'ca.pem'} --token \"$(cat {folder / 'tokens'})\" ...",
+                  flush=True)  # fmt: skip
         if autoscale_config is not None:
             autoscaler, autoscaler_url = start_for_cluster(autoscale_config, cluster)
             print(f"  autoscaler metrics: {autoscaler_url or 'off'}", flush=True)
@@ -221,6 +252,13 @@ def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterCon
     )  # fmt: skip
 
 
+def _secured(config: ClusterConfig, folder: Path | None) -> ClusterConfig:
+    """`config` with throwaway credentials made in `folder` (default: the log folder's `secure`)."""
+    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-cluster-"))
+    credentials = ClusterCredentials.create(folder or log_dir / "secure")
+    return dataclasses.replace(config, log_dir=log_dir, credentials=credentials)
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -235,7 +273,9 @@ def _generate(args: argparse.Namespace, extra: list[str]) -> int:
     prompt = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
     last: generation_pb2.GenerateResponse | None = None
     try:
-        for response in generate(args.address, timeout_s=args.timeout_s, **prompt, **sampling):
+        security = client_security(args.tls_ca)
+        for response in generate(args.address, timeout_s=args.timeout_s, token=args.token, security=security,
+                                 **prompt, **sampling):  # fmt: skip
             sys.stdout.write(response.text)
             sys.stdout.flush()
             last = response
@@ -269,7 +309,10 @@ def _summary(last: generation_pb2.GenerateResponse) -> str:
 
 
 def _health(args: argparse.Namespace, extra: list[str]) -> int:
-    check = asyncio.run(check_health(args.address, args.service, args.timeout_s))
+    # NOTE: with a client certificate the server is a pod, whose certificate names the cluster, not its address.
+    server_name = INTERNAL_SERVER_NAME if args.tls_cert else None
+    security = client_security(args.tls_ca, args.tls_cert, args.tls_key, server_name)
+    check = asyncio.run(check_health(args.address, args.service, args.timeout_s, security, args.token))
     print(check.describe(), file=sys.stdout if check.serving else sys.stderr)
     return 0 if check.serving else 1
 
@@ -278,7 +321,7 @@ def _status(args: argparse.Namespace, extra: list[str]) -> int:
     from cli.status import read_status, to_json, to_table
 
     try:
-        status = asyncio.run(read_status(args.redis_url, args.router, args.timeout_s))
+        status = asyncio.run(read_status(args.redis_url, args.router, args.timeout_s, client_security(args.tls_ca)))
     except UnavailableError as exc:
         print(f"pdserve status: {exc}", file=sys.stderr)
         return 1

@@ -3,6 +3,10 @@
 No persistence (`--save ''`, `--appendonly no`), its own temporary working directory, a free port
 picked at the first start and kept across restarts, so a client's URL stays valid when the server
 is stopped mid-run and started again.
+
+With a `password`, the server requires it (`requirepass`, written to a config file of mode 0600 in its
+working directory, never on the command line); with `tls` (`RedisTLS`) it serves TLS only, and `url` is a
+`rediss://` URL naming the CA (`common.redis_client`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -31,11 +37,26 @@ def _free_port() -> int:
         return port
 
 
-def _answering_pid(port: int) -> int | None:
+@dataclass(frozen=True, slots=True)
+class RedisTLS:
+    """PEM files of a TLS-only Redis: its certificate and key, and the CA its clients verify it against."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+def _answering_pid(port: int, password: str | None = None, tls: RedisTLS | None = None) -> int | None:
     """Process id of the redis-server answering on `port`, or None if none answers yet."""
+    auth = f"AUTH {password}\r\n".encode() if password else b""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"INFO server\r\n")
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as raw:
+            sock = (
+                raw
+                if tls is None
+                else ssl.create_default_context(cafile=tls.ca).wrap_socket(raw, server_hostname="127.0.0.1")
+            )
+            sock.sendall(auth + b"INFO server\r\n")
             reply = b""
             while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
                 chunk = sock.recv(4096)
@@ -51,7 +72,14 @@ def _answering_pid(port: int) -> int | None:
 class RedisServer:
     """One `redis-server` child process bound to 127.0.0.1; usable as a context manager."""
 
-    def __init__(self, port: int | None = None, binary: str | None = None, startup_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        binary: str | None = None,
+        startup_timeout_s: float = 10.0,
+        password: str | None = None,
+        tls: RedisTLS | None = None,
+    ) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError(f"redis-server is not on PATH; {_INSTALL_HINT}")
@@ -61,6 +89,8 @@ class RedisServer:
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
+        self._password = password
+        self._tls = tls
 
     @property
     def port(self) -> int:
@@ -68,7 +98,11 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self._port}/0"
+        """The URL clients connect with; it carries the password, if any: log `common.redis_client.redact(url)`."""
+        auth = f":{self._password}@" if self._password else ""
+        if self._tls is None:
+            return f"redis://{auth}127.0.0.1:{self._port}/0"
+        return f"rediss://{auth}127.0.0.1:{self._port}/0?ssl_ca_certs={self._tls.ca}"
 
     @property
     def running(self) -> bool:
@@ -130,12 +164,12 @@ class RedisServer:
     def _launch(self) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="pdserve-redis-"))
         log_path = self._workdir / "redis.log"
-        argv = [self._binary, "--port", str(self._port), "--dir", str(self._workdir), *_OPTIONS]
+        argv = [self._binary, str(self._write_config(self._workdir)), "--dir", str(self._workdir), *_OPTIONS]
         with log_path.open("wb") as log:
             self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self._startup_timeout_s
         # NOTE: check the pid: a server already on the port would answer just as well.
-        while _answering_pid(self._port) != self._process.pid:
+        while _answering_pid(self._port, self._password, self._tls) != self._process.pid:
             code = self._process.poll()
             if code is not None or time.monotonic() > deadline:
                 what = (
@@ -147,6 +181,20 @@ class RedisServer:
                 self.stop()
                 raise RuntimeError(f"redis-server on port {self._port} {what}; log tail:\n" + "\n".join(tail))
             time.sleep(0.01)
+
+    def _write_config(self, workdir: Path) -> Path:
+        """The server's config file: its port (TLS only, with `tls`) and password, readable by this user only."""
+        lines = [f"port {self._port}"]
+        if self._tls is not None:
+            tls = self._tls
+            lines = ["port 0", f"tls-port {self._port}", f"tls-cert-file {tls.cert}", f"tls-key-file {tls.key}",
+                     f"tls-ca-cert-file {tls.ca}", "tls-auth-clients no"]  # fmt: skip
+        if self._password:
+            lines.append(f"requirepass {self._password}")
+        path = workdir / "redis.conf"
+        path.touch(mode=0o600)
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def _signal(self, signum: signal.Signals) -> None:
         if self._process is None or self._process.poll() is not None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common.grpc_server import wait_for_health
+from common.tls import ChannelSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ class ServiceProcess:
         log_path: Path,
         env: Mapping[str, str],
         metrics_url: str | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.name = name
+        self._security = security
         self.address = address
         """host:port of its gRPC server."""
         self.metrics_url = metrics_url
@@ -82,7 +85,7 @@ class ServiceProcess:
 
     async def wait_serving(self, timeout_s: float) -> None:
         """Wait for SERVING; raise ClusterError (with the log tail) if the process exits or times out first."""
-        health = asyncio.ensure_future(wait_for_health(self.address, timeout_s))
+        health = asyncio.ensure_future(wait_for_health(self.address, timeout_s, self._security))
         try:
             while not health.done():
                 if self.returncode is not None:

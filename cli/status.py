@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cli.health import DEFAULT_TIMEOUT_S, check_health
 from common.pod_registry import PodInfo, PodRegistry
+from common.tls import ChannelSecurity
 
 _POD_HEADER = ("POD", "ROLE", "STATE", "ADDRESS", "RUNNING", "WAITING", "FREE/TOTAL BLOCKS", "KV USED")
 _POD_RIGHT_ALIGNED = frozenset({4, 5, 6, 7})
@@ -38,9 +39,13 @@ class ClusterStatus:
 
 
 async def read_status(
-    redis_url: str, router_addresses: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S
+    redis_url: str,
+    router_addresses: Sequence[str] = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    router_security: ChannelSecurity | None = None,
 ) -> ClusterStatus:
-    """The registry's pods, then one health check of each router (all routers at once).
+    """The registry's pods, then one health check of each router (all routers at once, dialed with
+    `router_security`; default: plain text).
 
     Raises `UnavailableError` when Redis does not answer within about `timeout_s`.
     """
@@ -49,7 +54,9 @@ async def read_status(
         pods = await registry.list_pods()
     finally:
         await registry.aclose()
-    checks = await asyncio.gather(*(check_health(address, timeout_s=timeout_s) for address in router_addresses))
+    checks = await asyncio.gather(
+        *(check_health(address, timeout_s=timeout_s, security=router_security) for address in router_addresses)
+    )
     routers = tuple(RouterStatus(check.address, check.status.lower()) for check in checks)
     return ClusterStatus(tuple(pods), routers)
 

@@ -1,4 +1,5 @@
-"""The services every pdserve gRPC server carries: grpc.health.v1 and server reflection."""
+"""The services every pdserve gRPC server carries (grpc.health.v1 and server reflection), and its port: plain or
+with TLS credentials (`add_port`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from common.tls import ChannelSecurity
 
 _POLL_INTERVAL_S = 0.05
 _MAX_POLL_INTERVAL_S = 0.5
@@ -57,8 +60,17 @@ def add_standard_services(server: grpc.aio.Server, service_full_names: Sequence[
     return HealthState(servicer, names)
 
 
-async def wait_for_health(address: str, timeout_s: float) -> None:
-    """Polls grpc.health.v1 Check on `address` until the server reports SERVING.
+def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind `address` (host:port, port 0 picks one) in plain text, or with TLS when `credentials` are given; returns
+    the bound port."""
+    if credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials)
+
+
+async def wait_for_health(address: str, timeout_s: float, security: ChannelSecurity | None = None) -> None:
+    """Polls grpc.health.v1 Check on `address` until the server reports SERVING; dials with `security` (default:
+    plain text).
 
     Raises TimeoutError naming the address (and the last answer) when it does not within `timeout_s`.
     """
@@ -66,7 +78,7 @@ async def wait_for_health(address: str, timeout_s: float) -> None:
     deadline = loop.time() + timeout_s
     interval = _POLL_INTERVAL_S
     last = "no answer"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with (security or ChannelSecurity()).aio_channel(address) as channel:
         # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.
         check = channel.unary_unary(
             f"/{health.SERVICE_NAME}/Check",

@@ -16,13 +16,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from common.errors import UnavailableError
+from common.redis_client import open_redis
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +71,6 @@ class PodInfo:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
-def _client(redis_url: str, timeout_s: float) -> aioredis.Redis:
-    # NOTE: no backoff and one immediate retry on a dropped connection (a restarted Redis), none on
-    # timeouts: a call costs at most ~2 x timeout_s, and the pool reconnects by itself.
-    retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-    return aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry)
-
-
 class PodRegistry:
     """Register, heartbeat, deregister and list pods.
 
@@ -89,7 +79,7 @@ class PodRegistry:
     """
 
     def __init__(self, redis_url: str, ttl_s: float = 3.0, key_prefix: str = "pdserve", timeout_s: float = 0.5) -> None:
-        self._redis = _client(redis_url, timeout_s)
+        self._redis = open_redis(redis_url, timeout_s)
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._ttl_s = ttl_s
         self._pod_key_prefix = f"{key_prefix}:pod:"

@@ -26,15 +26,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from common.block_hash import BlockHash
 from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from common.redis_client import open_redis
 
 logger = logging.getLogger(__name__)
 
@@ -90,20 +87,13 @@ def _member(pod_id: str, generation: int) -> str:
     return f"{pod_id}:{generation}"
 
 
-def _client(redis_url: str, timeout_s: float) -> aioredis.Redis:
-    # NOTE: no backoff and one immediate retry on a dropped connection (a restarted Redis), none on
-    # timeouts: a call costs at most ~2 x timeout_s, and the pool reconnects by itself.
-    retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-    return aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry)
-
-
 class PrefixDirectory:
     """Pods publish their KV cache events; the router asks which live pod holds the longest prefix."""
 
     def __init__(
         self, redis_url: str, key_prefix: str = "pdserve", entry_ttl_s: float = 300.0, timeout_s: float = 0.3
     ) -> None:
-        self._redis = _client(redis_url, timeout_s)
+        self._redis = open_redis(redis_url, timeout_s)
         self._entry_ttl_s = entry_ttl_s
         self._ttl_ms = max(1, round(entry_ttl_s * 1000))
         self._block_prefix = f"{key_prefix}:blk:"

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 import grpc.aio
 
+from common.tls import kv_server_context
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
 from engine.llm_engine import LLMEngine
@@ -53,6 +54,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             config.server.host,
             receiver_config.kv_port,
             advertise_host=config.server.public_host,
+            ssl_context=kv_server_context(config.tls),
         )
         worker = DecodeWorker(
             engine,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from common.errors import InvalidArgumentError
@@ -38,16 +39,19 @@ def make_sender(
     lease_s: float = 30.0,
     connect_timeout_s: float = 5.0,
     on_finished: TransferHook = ignore_hook,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> KVSender:
     """The prefill side's sender over one rank's pool; InvalidArgumentError("kv_transfer_backend") for unknown
-    backends and for a device backend (cuda_ipc, nccl) over a pool that is not on a GPU."""
+    backends and for a device backend (cuda_ipc, nccl) over a pool that is not on a GPU. `ssl_context`: mutual TLS
+    on the socket backends' connections (`common.tls.kv_client_context`)."""
     _check_pool(backend, view)
     if backend == "in_process":
         return InProcessSender(view.pool, view.block_size, lease_s=lease_s, on_finished=on_finished)
     sender = _SOCKET_SENDERS[backend]
     return sender(
-        view.pool, view.block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished
-    )
+        view.pool, view.block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished,
+        ssl_context=ssl_context,
+    )  # fmt: skip
 
 
 def make_receiver(
@@ -58,11 +62,15 @@ def make_receiver(
     *,
     advertise_host: str | None = None,
     on_released: TransferHook = ignore_hook,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> KVReceiver:
     """The decode side's receiver into one rank's pool (host/port: where it listens for senders); the same errors as
-    `make_sender`."""
+    `make_sender`. `ssl_context`: mutual TLS on the socket backends' connections (`common.tls.kv_server_context`)."""
     _check_pool(backend, view)
     if backend == "in_process":
         return InProcessReceiver(view.pool, view.block_size, on_released=on_released)
     receiver = _SOCKET_RECEIVERS[backend]
-    return receiver(view.pool, view.block_size, host, port, advertise_host=advertise_host, on_released=on_released)
+    return receiver(
+        view.pool, view.block_size, host, port, advertise_host=advertise_host, on_released=on_released,
+        ssl_context=ssl_context,
+    )  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from common.config import ConfigValueError, add_config_args, config_from_args, doc
 from common.errors import InvalidArgumentError
 from common.telemetry_config import TelemetryConfig
+from common.tls import ClusterTLSConfig
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.config import BACKENDS, check_backend
 
@@ -99,7 +100,8 @@ class KVReceiverConfig:
 
 @dataclass(frozen=True, slots=True)
 class PodConfig:
-    """One pod's settings: its process, its engine and its telemetry (`receiver` only on decode pods)."""
+    """One pod's settings: its process, its engine and its telemetry (`receiver` only on decode pods); `tls`: mutual
+    TLS on its gRPC server and KV sockets (off by default)."""
 
     server: PodServerConfig
     registry: RegistryConfig
@@ -107,6 +109,7 @@ class PodConfig:
     engine: EngineConfig
     telemetry: TelemetryConfig
     receiver: KVReceiverConfig | None = None
+    tls: ClusterTLSConfig = field(default_factory=ClusterTLSConfig)
 
 
 def parse_pod_config(
@@ -118,7 +121,7 @@ def parse_pod_config(
     parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig]
     if with_receiver:
         parts.append(KVReceiverConfig)
-    for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, TelemetryConfig):
+    for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, TelemetryConfig, ClusterTLSConfig):
         add_config_args(parser, cls)
     args = parser.parse_args(argv)
     try:
@@ -129,6 +132,7 @@ def parse_pod_config(
             engine_config_from_args(args, environ),
             config_from_args(TelemetryConfig, args, environ=environ),
             config_from_args(KVReceiverConfig, args, environ=environ) if with_receiver else None,
+            config_from_args(ClusterTLSConfig, args, environ=environ),
         )
     except ConfigValueError as exc:
         parser.error(str(exc))

@@ -2,7 +2,8 @@
 
 0. Construction sets up the pod's telemetry: tracing (off unless an OTLP endpoint is configured; its interceptor
    first in the server's list) and metrics (`/metrics` served from `start_server` when a port is configured).
-1. `start_server`: bind and start the server; health says NOT_SERVING while the engine loads.
+1. `start_server`: bind and start the server (mutual TLS with the cluster CA when `tls` is set: callers need a
+   certificate it signed); health says NOT_SERVING while the engine loads.
 2. `go_live(worker)`: register in the pod registry (with the worker's load), heartbeat every `heartbeat_s`,
    health SERVING, and print the serving line `pdserve <role> serving on <host:port>` to stdout.
 3. `stopping` is set (SIGTERM/SIGINT with `install_signal_handlers`, or by the caller); then `drain`: the worker
@@ -28,11 +29,12 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
-from common.grpc_server import HealthState, add_standard_services
+from common.grpc_server import HealthState, add_port, add_standard_services
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
+from common.tls import ClusterTLSConfig, internal_server_credentials
 from kv_transfer.control.address import format_endpoint
 from pod.config import PodServerConfig, RegistryConfig
 from pod.worker import PodWorker
@@ -57,8 +59,10 @@ class PodRuntime:
         registry_config: RegistryConfig,
         telemetry_config: TelemetryConfig | None = None,
         stopping: asyncio.Event | None = None,
+        tls: ClusterTLSConfig | None = None,
     ) -> None:
         self.role = role
+        self._tls = tls or ClusterTLSConfig()
         self.pod_id = registry_config.pod_id or f"{role}-{uuid.uuid4().hex[:8]}"
         self.generation = time.time_ns()
         self._telemetry_config = telemetry_config or TelemetryConfig()
@@ -86,7 +90,7 @@ class PodRuntime:
         """Add health and reflection, bind, and start serving NOT_SERVING; sets `address`."""
         self._health = add_standard_services(self.server, service_names)
         config = self._server_config
-        port = self.server.add_insecure_port(format_endpoint(config.host, config.port))
+        port = add_port(self.server, format_endpoint(config.host, config.port), internal_server_credentials(self._tls))
         self.address = format_endpoint(config.public_host, port)
         await self.server.start()
         logger.info("%s %s: gRPC server on %s (NOT_SERVING until loaded)", self.role, self.pod_id, self.address)

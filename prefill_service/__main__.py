@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 import grpc.aio
 
 from common.prefix_directory import PrefixDirectory
+from common.tls import kv_client_context
 from engine.llm_engine import LLMEngine
 from kv_transfer.factory import make_sender
 from pdserve.v1 import prefill_pb2_grpc
@@ -51,6 +52,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             view,
             lease_s=transfer.kv_lease_s,
             connect_timeout_s=transfer.kv_connect_timeout_s,
+            ssl_context=kv_client_context(config.tls),
         )
         publisher = DirectoryPublisher(PrefixDirectory(config.registry.redis_url), runtime.pod_id, runtime.generation)
         worker = PrefillWorker(

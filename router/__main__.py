@@ -6,6 +6,8 @@ pool is up) from a `RouterApp` (router.router_app wires the parts) and prints
 refused, in-flight calls get `_DRAIN_GRACE_S` to finish, then exit 0.
 Telemetry (common.telemetry_config flags): OTLP traces when an endpoint is known (else no exporter at all),
 Prometheus /metrics on `--metrics-port`.
+Security (router.security, each off unless configured): `--tls-cert/--tls-key` on the public port, `--mtls-*` to
+the pods, `--auth-tokens-file` / `PDSERVE_AUTH_TOKENS` on the API.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import logging
 import sys
 from collections.abc import Mapping, Sequence
 
+from common.auth import AuthConfig
 from common.config import ConfigValueError, add_config_args, config_from_args
 from common.telemetry_config import TelemetryConfig
+from common.tls import ClusterTLSConfig, PublicTLSConfig
 from router.config import RouterConfig, RoutingConfig
 from router.router_app import RouterApp
+from router.security import RouterSecurity
 
 logger = logging.getLogger("router")
 
@@ -28,27 +33,36 @@ _DRAIN_GRACE_S = 30.0
 
 def parse_args(
     argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
-) -> tuple[RouterConfig, RoutingConfig, TelemetryConfig]:
+) -> tuple[RouterConfig, RoutingConfig, TelemetryConfig, RouterSecurity]:
     """The router's configs from its flags, else its `PDSERVE_*` variables of `environ` (default: os.environ);
     a bad value exits with a usage error naming its flag or variable."""
     parser = argparse.ArgumentParser(prog="pdserve router", description="The public gRPC front door of pdserve.")
     add_config_args(parser, RouterConfig)
     add_config_args(parser, RoutingConfig)
     add_config_args(parser, TelemetryConfig)
+    for part in (PublicTLSConfig, ClusterTLSConfig, AuthConfig):
+        add_config_args(parser, part)
     args = parser.parse_args(argv)
     try:
         return (
             config_from_args(RouterConfig, args, environ=environ),
             config_from_args(RoutingConfig, args, environ=environ),
             config_from_args(TelemetryConfig, args, environ=environ),
+            RouterSecurity(
+                config_from_args(PublicTLSConfig, args, environ=environ),
+                config_from_args(ClusterTLSConfig, args, environ=environ),
+                config_from_args(AuthConfig, args, environ=environ),
+            ),
         )
     except ConfigValueError as exc:
         parser.error(str(exc))
 
 
-async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig) -> None:
+async def serve(
+    config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig, security: RouterSecurity
+) -> None:
     """Run the router until SIGTERM or SIGINT."""
-    app = await RouterApp.open(config, routing, telemetry)
+    app = await RouterApp.open(config, routing, telemetry, security)
     grace_s: float | None = None
     try:
         await app.start()
@@ -63,9 +77,9 @@ async def serve(config: RouterConfig, routing: RoutingConfig, telemetry: Telemet
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pdserve router` (argv without the subcommand)."""
-    config, routing, telemetry = parse_args(argv)
+    config, routing, telemetry, security = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(config, routing, telemetry))
+    asyncio.run(serve(config, routing, telemetry, security))
     return 0
 
 

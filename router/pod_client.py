@@ -20,6 +20,7 @@ from common.errors import InvalidArgumentError, ResourceExhaustedError, Unavaila
 from common.grpc_errors import bad_request_fields
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
+from common.tls import ChannelSecurity
 from kv_transfer.target import KVTarget
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from pod.convert import kv_target_from_pb, kv_target_to_pb
@@ -45,12 +46,19 @@ def _mapped_errors(pod_id: str, rpc: str) -> Iterator[None]:
 
 
 class PodClient:
-    """One pod's channel and stubs; calls take a timeout (the client's remaining deadline) or None."""
+    """One pod's channel (plain, or mutual TLS with `security`) and stubs; calls take a timeout (the client's
+    remaining deadline) or None."""
 
-    def __init__(self, pod_id: str, address: str, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> None:
+    def __init__(
+        self,
+        pod_id: str,
+        address: str,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        security: ChannelSecurity | None = None,
+    ) -> None:
         self.pod_id = pod_id
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors) or None)
+        self._channel = (security or ChannelSecurity()).aio_channel(address, interceptors)
         self._prefill = prefill_pb2_grpc.PrefillServiceStub(self._channel)
         self._decode = decode_pb2_grpc.DecodeServiceStub(self._channel)
 

@@ -27,6 +27,7 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
+from common.tls import ChannelSecurity
 from router.local_load import LocalLoads
 from router.pod_client import PodClient
 
@@ -56,6 +57,7 @@ class PodView:
         missing_grace_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         channel_interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        channel_security: ChannelSecurity | None = None,
     ) -> None:
         self._registry = registry
         self._model = model
@@ -65,6 +67,7 @@ class PodView:
         self._missing_grace_s = missing_grace_s
         self._clock = clock
         self._channel_interceptors = tuple(channel_interceptors)
+        self._channel_security = channel_security or ChannelSecurity()
         self._pods: list[PodInfo] = []
         self._missing_since: dict[str, float] = {}
         self._clients: dict[str, PodClient] = {}
@@ -94,7 +97,7 @@ class PodView:
         if client is None or client.address != pod.address:
             if client is not None:
                 self._retired.append((self._clock(), client))
-            client = PodClient(pod.pod_id, pod.address, self._channel_interceptors)
+            client = PodClient(pod.pod_id, pod.address, self._channel_interceptors, self._channel_security)
             self._clients[pod.pod_id] = client
         return client
 

@@ -4,7 +4,7 @@
   model; tracing (OTLP when an endpoint is known, else no exporter at all) and Prometheus /metrics on
   `--metrics-port`; start the tokenizer pool; then, without I/O, the pod registry, the prefix directory, the pod
   view, the request `lifecycle` front ends serve, and the gRPC server: pdserve.v1.GenerationService plus health
-  (NOT_SERVING) and reflection, bound to `port`.
+  (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods).
 - `start()`: the gRPC server starts, the pod view reads the registry, health turns SERVING.
 - `drain()`: health NOT_SERVING, so load balancers and clients stop sending new calls.
 - `close(grace_s)`: the gRPC server stops (in-flight calls get `grace_s`), then the pod view, the tokenizer pool,
@@ -23,7 +23,7 @@ import grpc.aio
 from transformers import PreTrainedTokenizerBase
 
 from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_standard_services
+from common.grpc_server import add_port, add_standard_services
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodRegistry
 from common.prefix_directory import PrefixDirectory
@@ -38,6 +38,7 @@ from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
+from router.security import RouterSecurity
 from router.server import SERVICE_NAME, GenerationServicer
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 
@@ -57,8 +58,10 @@ class RouterApp:
         tracing: Tracing,
         metrics: ServiceMetrics,
         stopping: asyncio.Event,
+        security: RouterSecurity | None = None,
     ) -> None:
         """Wire the parts that need no I/O; `open` makes the others and calls this."""
+        security = security or RouterSecurity()
         self.config = config
         self.tracing = tracing
         self.metrics = metrics
@@ -71,24 +74,33 @@ class RouterApp:
         self._pods = PodView(
             self._registry, config.model, config.registry_refresh_s, load, routing.unavailable_cooldown_s,
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
+            channel_security=security.pod_channels(),
         )  # fmt: skip
         context = RunContext(
             self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
             routing.max_attempts, time.monotonic, tracing, metrics,
         )  # fmt: skip
-        self._server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), ErrorInterceptor()])
+        self._server = grpc.aio.server(
+            interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()]
+        )
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context)
         """What every front end serves: Generate, Tokenize and the model's info."""
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.lifecycle, metrics), self._server
         )
         self._health = add_standard_services(self._server, [SERVICE_NAME])
-        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        self.port = add_port(self._server, f"{config.host}:{config.port}", security.server_credentials())
         """The gRPC server's bound port (`config.port` 0 picks a free one)."""
 
     @classmethod
-    async def open(cls, config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig) -> RouterApp:
-        """Everything up to `start` (see the module docstring)."""
+    async def open(
+        cls,
+        config: RouterConfig,
+        routing: RoutingConfig,
+        telemetry: TelemetryConfig,
+        security: RouterSecurity | None = None,
+    ) -> RouterApp:
+        """Everything up to `start` (see the module docstring); `security`: TLS, mTLS to pods, tokens (all off)."""
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -109,7 +121,7 @@ class RouterApp:
             tokenizer_folder, config.tokenizer_pool_size, metrics.observe_tokenizer_queue_time
         )
         tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, tokenizer_folder), tokenizer_pool.start())
-        return cls(config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping)
+        return cls(config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping, security)
 
     async def start(self) -> None:
         """Serve: the gRPC server starts, the pod view reads the registry, health turns SERVING."""

@@ -6,13 +6,16 @@ import contextlib
 import logging
 import queue
 import socket
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Generic
 
+from common.tls import INTERNAL_SERVER_NAME
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderLink, SenderPlane, Staged
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
+from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.layout import KVLayout
 from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import ProtocolError, TransferError, TransportError
@@ -56,8 +59,10 @@ class SenderConnection(Generic[Staged]):
         ledger: SendLedger,
         connect_timeout_s: float,
         io_timeout_s: float,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._ssl_context = ssl_context
         self._layout = layout
         self._plane = plane
         self._ledger = ledger
@@ -118,9 +123,12 @@ class SenderConnection(Generic[Staged]):
                 self._sock.close()
 
     def _connect(self) -> tuple[socket.socket, SenderLink[Staged]]:
-        """Open the socket, check the receiver's backend and layout against ours (both sides check), open the link."""
+        """Open the socket (with TLS: and shake hands, within the connect timeout), check the receiver's backend and
+        layout against ours (both sides check), open the link."""
         host, port = parse_endpoint(self.endpoint)
         sock = socket.create_connection((host, port), timeout=self._connect_timeout_s)
+        if self._ssl_context is not None:
+            sock = TLSSocket(sock, self._ssl_context, server_side=False, server_hostname=INTERNAL_SERVER_NAME)
         with self._lock:
             self._sock = sock
             if self._closed:

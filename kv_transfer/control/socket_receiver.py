@@ -1,11 +1,18 @@
 """The receiver of every socket backend: listens on host:port for control connections, one thread per sender; the
-backend's data plane (`kv_transfer.control.data_plane`) lands each chunk's bytes."""
+backend's data plane (`kv_transfer.control.data_plane`) lands each chunk's bytes.
+
+With an `ssl_context` (mutual TLS: `common.tls.kv_server_context`), each connection's thread first runs the TLS
+handshake, which requires the sender's certificate signed by the cluster CA. A peer without one is refused there:
+the connection is logged and closed before any frame of it is read, so nothing it sent is applied. The tcp
+backend's bytes travel on that same authenticated connection.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 from abc import abstractmethod
 
@@ -15,6 +22,7 @@ from kv_transfer.base import TransferHook, ignore_hook
 from kv_transfer.control.address import format_endpoint
 from kv_transfer.control.data_plane import ReceiverPlane
 from kv_transfer.control.receiver_connection import ReceiverConnection
+from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout
 from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
@@ -22,12 +30,13 @@ from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 logger = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+_HANDSHAKE_TIMEOUT_S = 5.0
 
 
 class SocketReceiver(ReservationReceiver):
     """Receives chunks into `pool` through the data plane that a backend's subclass makes (`_make_plane`). Port 0
     picks a free port; `endpoint` reports the real one, with `advertise_host` (or, for a wildcard bind, this
-    machine's hostname) as its host."""
+    machine's hostname) as its host. `ssl_context`: mutual TLS on every connection (see the module docstring)."""
 
     def __init__(
         self,
@@ -39,10 +48,14 @@ class SocketReceiver(ReservationReceiver):
         on_released: TransferHook = ignore_hook,
         reap_interval_s: float = 0.05,
         poll_interval_s: float = 0.1,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.layout = KVLayout.from_pool(pool, block_size)
         self.on_released = on_released
         self.num_connections_accepted = 0
+        self.num_peers_refused = 0
+        """Connections closed at the TLS handshake (no certificate of the cluster CA)."""
+        self._ssl_context = ssl_context
         self._plane = self._make_plane(pool, host)
         self._table = ReservationTable(pool.shape[0], self._post_released)
         self._poll_interval_s = poll_interval_s
@@ -102,10 +115,29 @@ class SocketReceiver(ReservationReceiver):
 
     def _serve(self, sock: socket.socket) -> None:
         try:
-            ReceiverConnection(sock, self.layout, self._table, self._plane, self._closing.is_set).run()
+            peer = sock if self._ssl_context is None else self._authenticate(sock, self._ssl_context)
+            if peer is not None:
+                ReceiverConnection(peer, self.layout, self._table, self._plane, self._closing.is_set).run()
         finally:
             with self._lock:
                 self._connections.pop(sock, None)
+
+    def _authenticate(self, sock: socket.socket, context: ssl.SSLContext) -> TLSSocket | None:
+        """The TLS handshake; None (logged, the socket closed) when the peer has no certificate of the cluster CA."""
+        address = "?"
+        try:
+            address = sock.getpeername()
+            sock.settimeout(_HANDSHAKE_TIMEOUT_S)
+            peer = TLSSocket(sock, context, server_side=True)
+        except (ssl.SSLError, OSError) as error:
+            logger.warning("kv receiver %s refused a peer at %s without the cluster's credentials: %s",
+                           self._endpoint, address, error)  # fmt: skip
+            with self._lock:
+                self.num_peers_refused += 1
+            sock.close()
+            return None
+        peer.settimeout(self._poll_interval_s)
+        return peer
 
 
 def _family(host: str) -> socket.AddressFamily:

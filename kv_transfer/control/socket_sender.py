@@ -1,8 +1,11 @@
 """The sender of every socket backend: one persistent control connection per receiver endpoint, reused across
-transfers; the backend's data plane (`kv_transfer.control.data_plane`) moves each chunk's bytes."""
+transfers; the backend's data plane (`kv_transfer.control.data_plane`) moves each chunk's bytes. With an
+`ssl_context` (`common.tls.kv_client_context`) each connection is mutual TLS: this sender shows its certificate and
+checks the receiver's against the cluster CA."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -33,12 +36,14 @@ class SocketSender(KVSender, Generic[Staged]):
         connect_timeout_s: float = 5.0,
         on_finished: TransferHook = ignore_hook,
         reap_interval_s: float = 0.05,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.layout = KVLayout.from_pool(pool, block_size)
         self.on_finished = on_finished
         self._num_blocks = pool.shape[0]
         self._lease_s = lease_s
         self._connect_timeout_s = connect_timeout_s
+        self._ssl_context = ssl_context
         self._plane = self._make_plane(pool)
         self._ledger = SendLedger(lease_s, self._post_finished)
         self._lock = threading.Lock()
@@ -109,8 +114,9 @@ class SocketSender(KVSender, Generic[Staged]):
                 connection = self._connections.get(endpoint)
                 if (connection is None or connection.closed) and reconnect:
                     connection = SenderConnection(
-                        endpoint, self.layout, self._plane, self._ledger, self._connect_timeout_s, self._lease_s
-                    )
+                        endpoint, self.layout, self._plane, self._ledger, self._connect_timeout_s, self._lease_s,
+                        self._ssl_context,
+                    )  # fmt: skip
                     self._connections[endpoint] = connection
                     self._num_opened += 1
             if connection is None or connection.submit(item):

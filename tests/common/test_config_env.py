@@ -101,7 +101,7 @@ def test_pods_read_their_variables_and_exit_2_naming_a_bad_one(capsys: pytest.Ca
 
 def test_the_router_reads_its_variables_and_help_names_them(capsys: pytest.CaptureFixture[str]) -> None:
     environ = {"PDSERVE_PORT": "6000", "PDSERVE_MAX_ATTEMPTS": "5", "PDSERVE_METRICS_PORT": ""}
-    config, routing, telemetry = parse_router_args(["--port", "0"], environ)
+    config, routing, telemetry, _ = parse_router_args(["--port", "0"], environ)
     assert (config, routing, telemetry.metrics_port) == (RouterConfig(port=0), RoutingConfig(max_attempts=5), None)
     with pytest.raises(SystemExit) as info:
         parse_router_args(["--help"], {})

@@ -11,10 +11,11 @@ import pytest
 from common.telemetry_config import TelemetryConfig
 from router.__main__ import parse_args
 from router.config import RouterConfig, RoutingConfig
+from router.security import RouterSecurity
 
 
 def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    config, routing, telemetry = parse_args([
+    config, routing, telemetry, security = parse_args([
         "--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3", "--registry-refresh-s", "0.5",
         "--max-attempts", "5", "--missing-pod-grace-s", "0.6", "--otlp-endpoint", "http://c:4317",
         "--metrics-port", "9100",
@@ -22,7 +23,8 @@ def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.Capt
     assert config == RouterConfig(port=0, redis_url="redis://r:1/0", tokenizer_pool_size=3, registry_refresh_s=0.5)
     assert routing == RoutingConfig(max_attempts=5, missing_pod_grace_s=0.6)
     assert telemetry == TelemetryConfig(otlp_endpoint="http://c:4317", metrics_port=9100)
-    assert parse_args([]) == (RouterConfig(), RoutingConfig(), TelemetryConfig())
+    assert security == RouterSecurity()
+    assert parse_args([]) == (RouterConfig(), RoutingConfig(), TelemetryConfig(), RouterSecurity())
     with pytest.raises(SystemExit) as info:
         parse_args(["--block-size", "24"])
     assert info.value.code == 2
