@@ -12,7 +12,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -22,6 +21,7 @@ from cli.autoscaler.connector import Connector
 from cli.autoscaler.driver import AutoscaleDriver
 from cli.autoscaler.metrics import AutoscalerMetrics
 from common.pod_registry import PodRegistry
+from common.redis_client import redact
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Autoscaler:
         pods = PodRegistry(self._redis_url)
         driver = AutoscaleDriver(self.config, pods.list_pods, self._connector, self._metrics)
         logger.info("autoscaler: deciding every %g s on the registry at %s", self.config.autoscale_interval_s,
-                    _without_password(self._redis_url))  # fmt: skip
+                    redact(self._redis_url))  # fmt: skip
         try:
             await driver.run(stop)
         finally:
@@ -78,12 +78,3 @@ class Autoscaler:
             asyncio.run(self.run(self._stop))
         except Exception:
             logger.exception("autoscaler: stopped by an error; the cluster keeps its current pods")
-
-
-def _without_password(url: str) -> str:
-    """`url` with any password in it masked, for logs: redis://:***@redis:6379/0."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")).geturl()

@@ -18,10 +18,10 @@ from cli.autoscaler.driver import AutoscaleDriver
 from cli.autoscaler.local_connector import LocalConnector
 from cli.autoscaler.metrics import AutoscalerMetrics
 from cli.autoscaler.planner import Decision
-from cli.autoscaler.service import _without_password
 from cli.main import main
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
+from common.redis_client import redact
 
 CONFIG = AutoscalerConfig(
     min_prefill=1, max_prefill=3, min_decode=1, max_decode=3, autoscale_interval_s=0.01, scale_down_window_s=20.0,
@@ -234,4 +234,4 @@ def test_bad_autoscaler_settings_are_refused_before_anything_starts(
     ],
 )
 def test_the_logged_registry_url_masks_the_password(url: str, logged: str) -> None:
-    assert _without_password(url) == logged
+    assert redact(url) == logged
