@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from transformers import PreTrainedTokenizerBase
 
 from common.block_hash import BlockHash
+from common.errors import UnavailableError
 from common.grpc_errors import ErrorInterceptor, abort_with
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import (
@@ -62,6 +63,8 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
     """Answers Prefill with `first_token_id`, then (after `transfer_gate`) a TransferDone."""
 
     first_token_id: int = 1
+    later_first_token_ids: Sequence[int] = ()
+    """The first tokens of the 2nd, 3rd, ... Prefill calls (`first_token_id` when not given)."""
     num_cached_tokens: int = 0
     finish_reason: int = sampling_pb2.FINISH_REASON_UNSPECIFIED
     stop_token_id: int | None = None
@@ -88,8 +91,9 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
             if self.first_token_gate is not None:
                 await self.first_token_gate.wait()
             stop = None if self.stop_token_id is None else sampling_pb2.StopReason(stop_token_id=self.stop_token_id)
+            later = self.later_first_token_ids[len(self.requests) - 2 : len(self.requests) - 1]
             first = prefill_pb2.FirstToken(
-                token_id=self.first_token_id, num_cached_tokens=self.num_cached_tokens,
+                token_id=later[0] if later else self.first_token_id, num_cached_tokens=self.num_cached_tokens,
                 finish_reason=self.finish_reason, stop_reason=stop,  # type: ignore[arg-type]
                 logprob=-0.5 if request.sampling_params.logprobs else None,
             )  # fmt: skip
@@ -120,6 +124,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     steps: Sequence[tuple[Sequence[int], int, int | None]] = ()
     step_delay_s: float = 0.0
     reserve_fail: Exception | None = None
+    fail_after_steps: int | None = None
+    """Decode streams that many steps, then fails with `fail` (as the pod dying mid-stream would)."""
+    fail: Exception = field(default_factory=lambda: UnavailableError("Socket closed"))
     decode_gate: asyncio.Event | None = None
     """Decode waits (bounded) for it before streaming; `gate_results` records whether it was set in time."""
     reserves: list[decode_pb2.ReserveRequest] = field(default_factory=list)
@@ -153,7 +160,10 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         try:
             if self.decode_gate is not None:
                 self.gate_results.append(await _bounded_wait(self.decode_gate))
-            for token_ids, finish_reason, stop_token_id in self.steps:
+            for index, (token_ids, finish_reason, stop_token_id) in enumerate(self.steps):
+                if index == self.fail_after_steps:
+                    ended = True
+                    await abort_with(context, self.fail)
                 if self.step_delay_s:
                     await asyncio.sleep(self.step_delay_s)
                 stop = None if stop_token_id is None else sampling_pb2.StopReason(stop_token_id=stop_token_id)
