@@ -5,10 +5,13 @@
 2. `decode`: call Decode on the reserving pod (the reservation is claimed), while the rest of the Prefill stream
    (the KV transfer's end) is read beside it; yields the decode steps up to the one with a finish reason.
 3. `aclose`: cancel whatever pod call is still open and Release a reservation that no Decode claimed.
+A KV target answered under another generation than the decode pod's listed one (the pod restarted under the same
+id and address) fails the leg: a reference is only ever used with the incarnation that made it.
 A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: UNAVAILABLE
 (the pod is gone, draining, or its keepalive lapsed), ABORTED / NOT_FOUND / FAILED_PRECONDITION (a KV transfer or
-reservation that ended, e.g. its lease lapsed), UNKNOWN / CANCELLED (the peer went away mid-call), or a Decode
-stream that ends without a finish reason. A decode pod out of KV blocks raises `DecodePodFull`. Anything else
+reservation that ended, e.g. its lease lapsed: from the Prefill stream, that blames the decode pod, whose receiver
+stopped answering), UNKNOWN / CANCELLED (the peer went away mid-call), or a Decode stream that ends without a finish
+reason. A decode pod out of KV blocks raises `DecodePodFull`. Anything else
 (bad input, overload, the client's deadline) propagates as it is.
 """
 
@@ -34,15 +37,8 @@ logger = logging.getLogger(__name__)
 
 _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
-_LEG_FAILURE_CODES = frozenset(
-    {
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
-)
+_TRANSFER_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION})
+_LEG_FAILURE_CODES = _TRANSFER_CODES | {grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 
 
 class LegFailed(Exception):
@@ -58,16 +54,19 @@ class DecodePodFull(Exception):
 
 
 @contextlib.contextmanager
-def blamed_on(pod_id: str) -> Iterator[None]:
-    """Re-raises the pod call failures that end a leg (see the module docstring) as LegFailed(pod_id)."""
+def blamed_on(pod_id: str, transfer_peer_id: str | None = None) -> Iterator[None]:
+    """Re-raises the pod call failures that end a leg (see the module docstring) as LegFailed(pod_id), or
+    LegFailed(transfer_peer_id) for a KV transfer's failure when the call names the transfer's other end."""
     try:
         yield
     except UnavailableError as exc:
         raise LegFailed(pod_id, str(exc)) from exc
     except grpc.aio.AioRpcError as exc:
-        if exc.code() not in _LEG_FAILURE_CODES:
+        code = exc.code()
+        if code not in _LEG_FAILURE_CODES:
             raise
-        raise LegFailed(pod_id, f"pod {pod_id}: {exc.code().name}: {exc.details()}") from exc
+        blamed = transfer_peer_id if transfer_peer_id is not None and code in _TRANSFER_CODES else pod_id
+        raise LegFailed(blamed, f"pod {pod_id}: {code.name}: {exc.details()}") from exc
 
 
 class CompletionLeg:
@@ -107,6 +106,7 @@ class CompletionLeg:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise DecodePodFull(str(exc)) from exc
         self._stack.push_async_callback(self._release_unclaimed)
+        self._check_generation(self._target)
         stream = self._ctx.pods.client(self.prefill_pod).prefill(
             self.request_id, self._input.token_ids, self._input.params, self._target, self._plan.cache_salt,
             self._ctx.remaining_s(self._plan.deadline),
@@ -115,7 +115,10 @@ class CompletionLeg:
         self._stack.push_async_callback(stream.aclose)
         cached_tokens = self._plan.cached_blocks.get(self.prefill_pod.pod_id, 0) * self._ctx.block_size
         num_to_compute = max(num_prompt_tokens - cached_tokens, 0)
-        with self._ctx.load.prefilling(self.prefill_pod.pod_id, num_to_compute), blamed_on(self.prefill_pod.pod_id):
+        with (
+            self._ctx.load.prefilling(self.prefill_pod.pod_id, num_to_compute),
+            blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id),
+        ):
             first = await anext(stream, None)
         if not isinstance(first, FirstToken):
             raise LegFailed(self.prefill_pod.pod_id, f"prefill pod {self.prefill_pod.pod_id} sent no first token")
@@ -152,6 +155,16 @@ class CompletionLeg:
     async def aclose(self) -> None:
         await self._stack.aclose()
 
+    def _check_generation(self, target: KVTarget) -> None:
+        """A target of another generation than the listed one comes from a restarted pod the router does not know
+        yet: the leg is not built on it (NOTE: the pod is suspect until the registry lists its new generation)."""
+        listed = self.decode_pod.generation
+        if target.generation and listed and target.generation != listed:
+            raise LegFailed(
+                self.decode_pod.pod_id,
+                f"decode pod {self.decode_pod.pod_id} reserved as generation {target.generation}, listed as {listed}",
+            )
+
     async def _blamed_steps(self, steps: AsyncIterator[DecodeStep]) -> AsyncGenerator[DecodeStep, None]:
         with blamed_on(self.decode_pod.pod_id):
             async for step in steps:
@@ -159,7 +172,7 @@ class CompletionLeg:
 
     async def _transfer_done(self) -> TransferDone | None:
         assert self._prefill_stream is not None
-        with blamed_on(self.prefill_pod.pod_id):
+        with blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id):
             return await transfer_done(self._prefill_stream)
 
     async def _release_unclaimed(self) -> None:

@@ -123,6 +123,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     pod_id: str = "decode"
     steps: Sequence[tuple[Sequence[int], int, int | None]] = ()
     step_delay_s: float = 0.0
+    generation: int = 1
+    """What Reserve's KV targets name (the registry lists every fake pod as generation 1)."""
     reserve_fail: Exception | None = None
     fail_after_steps: int | None = None
     """Decode streams that many steps, then fails with `fail` (as the pod dying mid-stream would)."""
@@ -146,7 +148,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             transfer_id=f"{self.pod_id}-t{len(self.reserves)}", backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
             endpoint="127.0.0.1:1", block_ids=range(100, 100 + num_blocks),
             layout=kv_transfer_pb2.KVLayout(dtype="float32", block_size=BLOCK_SIZE, num_layers=1, num_kv_heads=1,
-                                            head_dim=8, block_nbytes=1024),
+                                            head_dim=8, block_nbytes=1024), generation=self.generation,
         )  # fmt: skip
         return decode_pb2.ReserveResponse(kv_target=target, lease=_duration(10.0))
 

@@ -299,6 +299,21 @@ async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
         PROMPT + output_ids[:4], output_ids[4])  # fmt: skip
 
 
+async def test_a_reservation_of_another_generation_is_released_and_not_used(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    restarted = FakeDecode("decode-a", decode_steps(output_ids[1:3]), generation=2)
+    listed = FakeDecode("decode-b", decode_steps(output_ids[1:3]))
+    prefill = FakePrefill(first_token_id=output_ids[0])
+    decodes = {"decode-a": restarted, "decode-b": listed}
+    async with router_over({"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model) as router:
+        responses = await _collect(router.stub.Generate(_request(max_tokens=3)))
+        assert [pod.pod_id for pod in router.pods.pods("decode")] == ["decode-b"]
+    assert [t for r in responses for t in r.token_ids] == output_ids[:3]
+    assert (responses[-1].metrics.decode_pod_id, responses[-1].metrics.num_attempts) == ("decode-b", 2)
+    assert (restarted.releases, restarted.decodes, len(prefill.requests)) == (["decode-a-t1"], [], 1)
+
+
 async def test_n_completions_are_merged_by_index_with_usage_last(
     tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
 ) -> None:
