@@ -30,6 +30,8 @@ from router.outputs import DecodeStep, FirstToken, TransferDone
 KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 1_000),
     ("grpc.keepalive_timeout_ms", 2_000),
+    # NOTE: grpc 1.85's transport times a keepalive ping out by this one; keepalive_timeout_ms alone never fires.
+    ("grpc.http2.ping_timeout_ms", 2_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
