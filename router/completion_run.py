@@ -36,7 +36,7 @@ from common.telemetry import (
     PDSERVE_ROUTE_ATTEMPT,
 )
 from router.completion_leg import CompletionLeg, DecodePodFull, LegFailed
-from router.migration import LegInput, backoff_s, next_leg
+from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
 from router.run_context import PromptPlan, RunContext
 
@@ -166,7 +166,7 @@ class CompletionRun:
                        self._request_id, progress.num_attempts, len(progress.emitted), failure)  # fmt: skip
         if progress.num_failures >= self._ctx.max_attempts:
             message = f"{progress.num_failures} attempts failed, the last: {failure}"
-            raise UnavailableError(message, retry_after_s=backoff_s(1, self._ctx.rng)) from None
+            raise UnavailableError(message, retry_after_s=BACKOFF_MAX_S) from None
         if not self._ctx.retry_budget.try_acquire():
             raise UnavailableError(
                 f"the router's retry budget is spent; the last failure: {failure}",

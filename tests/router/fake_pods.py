@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from pdserve.v1 import (
     sampling_pb2,
 )
 from router.local_load import LocalLoads
+from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
@@ -231,6 +233,7 @@ async def router_over(
     tokenizer: PreTrainedTokenizerBase,
     model: ModelInfo,
     directory: FakeDirectory | None = None,
+    retry_budget: RetryBudget | None = None,
 ) -> AsyncIterator[Router]:
     """Serves each fake pod and a router (GenerationServicer + ErrorInterceptor) on 127.0.0.1."""
     servers: list[grpc.aio.Server] = []
@@ -254,6 +257,8 @@ async def router_over(
     await view.refresh()
     directory = directory or FakeDirectory()
     context = RunContext(view, RoutingPolicy(BLOCK_SIZE), load, tokenizer, BLOCK_SIZE, 3, time.monotonic)
+    if retry_budget is not None:
+        context = dataclasses.replace(context, retry_budget=retry_budget)
     router = grpc.aio.server(interceptors=[ErrorInterceptor()])
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(
         GenerationServicer(RequestLifecycle(model, pool, directory, context)), router

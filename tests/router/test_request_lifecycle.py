@@ -14,7 +14,7 @@ from common.block_hash import block_extra_keys, hash_prompt_blocks
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import bad_request_fields, retry_delay_s
 from pdserve.v1 import generation_pb2, sampling_pb2
-from router.migration import BACKOFF_BASE_S
+from router.migration import BACKOFF_MAX_S, RetryBudget
 from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import BLOCK_SIZE, MODEL, WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over
@@ -211,7 +211,7 @@ async def test_every_prefill_pod_unavailable_is_unavailable(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await _collect(router.stub.Generate(_request()))
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert BACKOFF_BASE_S / 2 <= (retry_delay_s(info.value) or 0.0) <= BACKOFF_BASE_S
+    assert retry_delay_s(info.value) == BACKOFF_MAX_S
     # NOTE: max_attempts 3: both pods, then (every pod skipped once) one of them again.
     assert sorted(decode.releases) == ["decode-0-t1", "decode-0-t2", "decode-0-t3"]
 
@@ -297,6 +297,28 @@ async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
     (decode_request,) = healthy.decodes
     assert (list(decode_request.prompt_token_ids), decode_request.first_token_id) == (
         PROMPT + output_ids[:4], output_ids[4])  # fmt: skip
+
+
+async def test_an_empty_router_retry_budget_ends_a_failed_stream_unavailable_with_its_refill_time(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    dying = FakeDecode("decode-a", decode_steps(output_ids[1:]), fail_after_steps=2)
+    healthy = FakeDecode("decode-b", decode_steps(output_ids[4:]))
+    prefill = FakePrefill(first_token_id=output_ids[0], later_first_token_ids=[output_ids[3]])
+    decodes = {"decode-a": dying, "decode-b": healthy}
+    budget = RetryBudget(rate_per_s=4.0, burst=0, clock=lambda: 0.0)
+    async with router_over(
+        {"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model, retry_budget=budget
+    ) as router:
+        call = router.stub.Generate(_request(max_tokens=len(output_ids)))
+        streamed = []
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            while (response := await call.read()) is not grpc.aio.EOF:
+                streamed.extend(response.token_ids)
+    assert streamed == output_ids[:3]
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert retry_delay_s(info.value) == 0.25
+    assert (len(prefill.requests), healthy.reserves) == (1, [])
 
 
 async def test_a_reservation_of_another_generation_is_released_and_not_used(
