@@ -79,7 +79,10 @@ def _kill_mid_stream(
     to_serve = seconds_to_serve(client, random_prompt(2000, 8), 30.0)
     join_streams(streams)
     recovered_at = time.monotonic()
-    kv_back = seconds_until(lambda: kv_at_baseline(cluster, "decode"), KV_BASELINE_TIMEOUT_S)
+    # NOTE: the prefill pod too: what it held for transfers to the killed pod is freed.
+    kv_back = seconds_until(
+        lambda: kv_at_baseline(cluster, "decode") and kv_at_baseline(cluster, "prefill"), KV_BASELINE_TIMEOUT_S
+    )
 
     assert [s.error for s in streams] == [None] * len(streams)
     assert [s.token_ids for s in streams[1:]] == expected
