@@ -17,7 +17,7 @@ import pytest
 
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from tests.e2e.support import Oracle, run
+from tests.e2e.support import BLOCK_SIZE, Oracle, run
 from tests.faults.support import (
     fault_cluster,
     join_streams,
@@ -53,7 +53,8 @@ def _free_blocks(cluster: LocalCluster) -> dict[str, int]:
 
 def _reserving_pod(cluster: LocalCluster, before: dict[str, int]) -> str | None:
     """The decode pod whose free blocks fell by most of the long prompt's since `before`."""
-    dropped = [pod_id for pod_id, free in _free_blocks(cluster).items() if before[pod_id] - free >= 40]
+    num_blocks = LONG_PROMPT_TOKENS // BLOCK_SIZE - 4
+    dropped = [pod_id for pod_id, free in _free_blocks(cluster).items() if before[pod_id] - free >= num_blocks]
     return dropped[0] if len(dropped) == 1 else None
 
 
