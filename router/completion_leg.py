@@ -134,6 +134,7 @@ class CompletionLeg:
             self.request_id, self._target.transfer_id, self._input.token_ids, first_token_id, self._input.params,
             self._plan.cache_salt, self._ctx.remaining_s(self._plan.deadline),
         )  # fmt: skip
+        self._stack.push_async_callback(steps.aclose)
         blamed = self._blamed_steps(steps)
         try:
             async with contextlib.aclosing(until_transfer_fails(blamed, self._transfer)) as checked:

@@ -19,6 +19,7 @@ Leaving early (an error, or the client's cancellation cancelling this generator)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator
@@ -82,8 +83,9 @@ class CompletionRun:
             progress.num_attempts += 1
             leg = self._leg(leg_input)
             try:
-                async for chunk in self._run_leg(leg, leg_input):
-                    yield chunk
+                async with contextlib.aclosing(self._run_leg(leg, leg_input)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 return
             except DecodePodFull:
                 self._skip_full_decode_pod(leg.decode_pod.pod_id)
@@ -107,17 +109,18 @@ class CompletionRun:
         if chunk.finish_reason is not None:
             return
         last_token_at = self._ctx.clock()
-        async for step in leg.decode(first.token_id):
-            if self._progress.time_to_first_decode_token_s is None:
-                self._progress.time_to_first_decode_token_s = self._elapsed()
-            now = self._ctx.clock()
-            self._ctx.metrics.observe_output_tokens(len(step.token_ids), now - last_token_at)
-            last_token_at = now
-            chunk = self._chunk(step, leg)
-            if chunk.finish_reason is not None:
-                yield dataclasses.replace(chunk, metrics=self._metrics(leg, await leg.transfer_result()))
-                return
-            yield chunk
+        async with contextlib.aclosing(leg.decode(first.token_id)) as steps:
+            async for step in steps:
+                if self._progress.time_to_first_decode_token_s is None:
+                    self._progress.time_to_first_decode_token_s = self._elapsed()
+                now = self._ctx.clock()
+                self._ctx.metrics.observe_output_tokens(len(step.token_ids), now - last_token_at)
+                last_token_at = now
+                chunk = self._chunk(step, leg)
+                if chunk.finish_reason is not None:
+                    yield dataclasses.replace(chunk, metrics=self._metrics(leg, await leg.transfer_result()))
+                    return
+                yield chunk
 
     def _chunk(self, step: DecodeStep, leg: CompletionLeg) -> CompletionChunk:
         """The client's chunk of `step` (its tokens now count as emitted); the last one when it finishes."""
