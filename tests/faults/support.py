@@ -25,8 +25,10 @@ from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import generation_pb2
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S
 
-STREAM_TIMEOUT_S = 240.0
-"""Bound on one stream: a stream that would hang fails instead."""
+STREAM_TIMEOUT_S = 900.0
+"""Bound on one stream (the soak variants on a loaded 2-core machine included); pytest's timeout bounds each test."""
+SOAK_TIMEOUT_S = 1800
+"""pytest timeout of a soak variant."""
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from tests.e2e.support import Oracle
 from tests.faults.support import (
+    SOAK_TIMEOUT_S,
     fault_cluster,
     join_streams,
     kill,
@@ -96,6 +97,7 @@ def test_kill_prefill_mid_prefill_loses_no_request(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
 def test_kill_prefill_acceptance_prompts_of_1500_tokens(
     cluster: LocalCluster, client: GenerationClient, oracle: Oracle, record_property: pytest.RecordProperty
 ) -> None:

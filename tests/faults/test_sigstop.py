@@ -103,7 +103,10 @@ def test_sigstop_a_decode_pod_for_twice_its_lease(
             if completion.metrics.decode_pod_id == victim:
                 served_by_victim.append(time.monotonic() - rejoined_at)
         assert served_by_victim, f"{victim} never served again after SIGCONT"
-        kv_back = seconds_until(lambda: kv_at_baseline(cluster, "decode"), 2 * KV_LEASE_S)
+        # NOTE: the prefill pod too: it freed what it held for the transfer into the stopped pod.
+        kv_back = seconds_until(
+            lambda: kv_at_baseline(cluster, "decode") and kv_at_baseline(cluster, "prefill"), 2 * KV_LEASE_S
+        )
         assert kv_back is not None
     # NOTE: the long prompt's reservation lapsed while the pod was stopped; its late chunks found it EXPIRED.
     log = process.log_path.read_text()
