@@ -34,6 +34,11 @@ class ResourceExhaustedError(PdserveError):
 
 
 class UnavailableError(PdserveError):
-    """No healthy pod (or peer) can take the request."""
+    """No healthy pod (or peer) can take the request; `retry_after_s`, when set, is the delay the caller is told
+    to wait before retrying (a google.rpc.RetryInfo at the gRPC boundary)."""
 
     status = "UNAVAILABLE"
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

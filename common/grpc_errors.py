@@ -3,7 +3,7 @@
 Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) reports the exception:
 - `InvalidArgumentError` -> INVALID_ARGUMENT + `google.rpc.BadRequest` naming the request field path;
 - `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo`;
-- `UnavailableError` -> UNAVAILABLE;
+- `UnavailableError` -> UNAVAILABLE, with a `google.rpc.RetryInfo` when it carries `retry_after_s`;
 - any other `PdserveError` -> the status its class names (e.g. a KV `TransferError` -> ABORTED, NOT_FOUND or
   FAILED_PRECONDITION), its message as the details;
 - `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
@@ -56,13 +56,10 @@ def to_status(
         detail = error_details_pb2.BadRequest(field_violations=[violation])
         return _rich(code_pb2.INVALID_ARGUMENT, f"{field}: {exc.description}", detail)
     if isinstance(exc, ResourceExhaustedError):
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(round(retry_delay_s * 1e9))
-        return _rich(
-            code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", error_details_pb2.RetryInfo(retry_delay=delay)
-        )
+        return _rich(code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", retry_info(retry_delay_s))
     if isinstance(exc, UnavailableError):
-        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", None)
+        detail = None if exc.retry_after_s is None else retry_info(exc.retry_after_s)
+        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", detail)
     if isinstance(exc, PdserveError) and exc.status != "INTERNAL":
         return _rich(code_pb2.Code.Value(exc.status), str(exc), None)
     return _rich(code_pb2.INTERNAL, "internal error", None)
@@ -79,6 +76,22 @@ async def abort_with(
     if status.code is grpc.StatusCode.INTERNAL and not isinstance(exc, grpc.aio.AioRpcError):
         logger.error("unhandled %s in a gRPC handler", type(exc).__name__, exc_info=exc)
     await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def retry_info(delay_s: float) -> error_details_pb2.RetryInfo:
+    """A google.rpc.RetryInfo telling the caller to wait `delay_s` before retrying."""
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(round(delay_s * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
+
+
+def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
+    """The delay of the google.rpc.RetryInfo the error carries; None when it carries none."""
+    for detail in _rich_status(rpc_error).details:
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            return info.retry_delay.ToNanoseconds() / 1e9
+    return None
 
 
 def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
@@ -172,7 +185,7 @@ def _passed_through(rpc_error: grpc.aio.AioRpcError) -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=rpc_error.code().value[0], message=rpc_error.details() or ""))
 
 
-def _rich_status(rpc_error: grpc.aio.AioRpcError) -> status_pb2.Status:
+def _rich_status(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> status_pb2.Status:
     """The google.rpc.Status in the error's trailing metadata; an empty one when it carries none."""
     for key, value in rpc_error.trailing_metadata() or ():
         if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):

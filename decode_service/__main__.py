@@ -61,6 +61,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             receiver,
             config.transfer.kv_transfer_backend,
             config.transfer.kv_lease_s,
+            generation=runtime.generation,
             tracing=runtime.tracing,
             metrics=runtime.metrics,
         )

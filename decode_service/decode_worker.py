@@ -62,6 +62,7 @@ class DecodeWorker:
         receiver: KVReceiver,
         backend: str,
         lease_s: float,
+        generation: int = 0,
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
     ) -> None:
@@ -69,6 +70,7 @@ class DecodeWorker:
         self._receiver = receiver
         self._backend = backend
         self._lease_s = lease_s
+        self._generation = generation
         self._tracing = tracing or Tracing(trace.NoOpTracer())
         self._metrics = metrics or ServiceMetrics("decode")
         self._load = read_load(engine)
@@ -131,8 +133,9 @@ class DecodeWorker:
                 f"{num_prompt_tokens} prompt tokens"
             )
         return KVTarget(
-            transfer_id, self._backend, self._receiver.endpoint, tuple(block_ids), self._receiver.layout, self._lease_s
-        )
+            transfer_id, self._backend, self._receiver.endpoint, tuple(block_ids), self._receiver.layout, self._lease_s,
+            self._generation,
+        )  # fmt: skip
 
     async def decode(
         self,

@@ -1,6 +1,6 @@
 """Runs one scheduled step on the model: builds the step's inputs, runs the forward pass, samples.
 
-The runner owns the device state (weights, KV pool, input buffers, per-request generators) and never touches
+The runner owns the device state (weights, KV pool, input buffers, per-request sampling seeds) and never touches
 queues. `execute` only enqueues device work: the sampled tokens come back through `PendingOutput.result()`, so the
 host can schedule and prepare the next step while the device runs this one (async scheduling).
 """
@@ -89,7 +89,7 @@ class ModelRunner:
             self.cuda_graphs.capture()
         self._previous: PreviousSample | None = None
         self.sampler = Sampler()
-        self.generators: dict[str, torch.Generator] = {}
+        self.seeds: dict[str, int] = {}
         self._seed_rng = random.Random(config.model.seed)
         logger.info(
             "model %s on %s (%s), KV pool %d blocks x %d tokens",
@@ -151,7 +151,7 @@ class ModelRunner:
     def execute(self, scheduler_output: SchedulerOutput) -> PendingOutput:
         """Enqueue the step on the device; the sampled tokens arrive through the returned PendingOutput."""
         for req_id in scheduler_output.finished_req_ids:
-            self.generators.pop(req_id, None)
+            self.seeds.pop(req_id, None)
         self.input_batch.drop(scheduler_output.finished_req_ids)
         if not scheduler_output.scheduled:
             self._previous = None
@@ -172,7 +172,9 @@ class ModelRunner:
         logits = self.model.compute_logits(rows)
         batch = SamplingBatch(
             params=[r.sampling_params for r in sampling],
-            generators=[None if r.sampling_params.greedy else self._generator(r, logits.shape[1]) for r in sampling],
+            seeds=[None if r.sampling_params.greedy else self._seed(r) for r in sampling],
+            # NOTE: the sampled token follows the step's last token, placeholders (async scheduling) included.
+            positions=[r.num_computed_tokens + len(r.token_ids) for r in sampling],
             prompt_token_ids=[r.prompt_token_ids for r in sampling],
             output_token_ids=[r.output_token_ids for r in sampling],
         )
@@ -181,21 +183,13 @@ class ModelRunner:
         self._previous = PreviousSample(sampled.token_ids, {req_id: row for row, req_id in enumerate(req_ids)})
         return PendingOutput(req_ids, sampled)
 
-    def _generator(self, req: ScheduledRequest, vocab_size: int) -> torch.Generator:
-        """The request's own RNG stream: its samples do not depend on what else is in the batch.
-
-        NOTE: a request that arrives with output tokens (prefilled on another pod) continues its seeded stream
-        where the other pod stopped: one draw per token already sampled, each `vocab_size` exponentials, exactly
-        as many as the sampler consumes per sampled token.
-        """
-        generator = self.generators.get(req.req_id)
-        if generator is None:
-            seed = req.sampling_params.seed
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(self._seed_rng.getrandbits(63) if seed is None else seed)
-            if seed is not None and req.output_token_ids:
-                draws = torch.empty((len(req.output_token_ids), vocab_size), dtype=torch.float32, device=self.device)
-                for row in draws:
-                    row.exponential_(generator=generator)
-            self.generators[req.req_id] = generator
-        return generator
+    def _seed(self, req: ScheduledRequest) -> int:
+        """The request's sampling seed: its own, or one drawn once for it (an unseeded request need not be
+        reproducible across pods, only its draws independent of the batch)."""
+        seed = req.sampling_params.seed
+        if seed is not None:
+            return seed
+        drawn = self.seeds.get(req.req_id)
+        if drawn is None:
+            drawn = self.seeds[req.req_id] = self._seed_rng.getrandbits(63)
+        return drawn

@@ -2,8 +2,10 @@
 
 Order, as in vLLM and transformers: penalties on the raw logits; greedy rows take the argmax; sampled
 rows divide by their temperature, apply top_k, top_p and min_p, and draw from the softmax. Each
-sampled row draws its randomness only from its own generator, so a seeded request yields the same
-tokens alone or in any batch, at any position.
+sampled row's randomness is a function of its seed and the position of the token it samples only
+(`position_seed`), not of a generator's hidden state: a seeded request yields the same tokens alone
+or in any batch, and after its prompt KV moved to another pod, or its stream to another pair of pods
+(the prompt then ends with the tokens already sampled, so the positions carry on).
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ import torch
 
 from common.sampling_params import SamplingParams
 
+_MASK_64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed of the draw for the token at `position` (0-based, in prompt + output) of a request seeded
+    `seed`: splitmix64 of both, so that neighbouring seeds and positions give unrelated streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK_64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK_64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK_64
+    return (x ^ (x >> 31)) >> 1
+
+
 # NOTE: float32 cumulative sums are off by ~1e-7; without this slack a top_p exactly equal to a
 # prefix mass (six 0.1s vs 0.6) would keep one token too many on rounding noise alone.
 _TOP_P_EPS = 1e-6
@@ -28,7 +42,11 @@ class SamplingBatch:
     """Per-row inputs of one sampling step; every list has one entry per row of logits."""
 
     params: list[SamplingParams]
-    generators: list[torch.Generator | None]
+    seeds: list[int | None]
+    """The request's seed (its own, or one drawn once for it); None in greedy rows. A sampled row with None draws
+    from torch's default generator."""
+    positions: list[int]
+    """Position (0-based, in prompt + output) of the token each row samples."""
     prompt_token_ids: list[Sequence[int]]
     output_token_ids: list[Sequence[int]]
 
@@ -173,11 +191,18 @@ class Sampler:
                 torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
             )
         probs = logits.softmax(dim=1)
-        # NOTE: exponential race: argmax(p / q) with q ~ Exp(1) draws from p. Each row's q comes
-        # from its own generator only, which makes seeded requests independent of the batch.
+        # NOTE: exponential race: argmax(p / q) with q ~ Exp(1) draws from p. Each row's q comes from a generator
+        # seeded with (seed, position) only, which makes seeded requests independent of the batch and of where
+        # they ran before. Seeding is host-side (the device reads the seed at launch): no sync.
         race = torch.empty_like(probs)
+        generator = torch.Generator(device=device)
         for index, row in enumerate(rows):
-            race[index].exponential_(generator=batch.generators[row])
+            seed = batch.seeds[row]
+            if seed is None:
+                race[index].exponential_()
+                continue
+            generator.manual_seed(position_seed(seed, batch.positions[row]))
+            race[index].exponential_(generator=generator)
         # NOTE: exponential_ may return exactly 0; the clamp keeps p / q finite and 0 for p == 0.
         race.clamp_(min=torch.finfo(torch.float32).tiny)
         return (probs / race).argmax(dim=1)

@@ -23,3 +23,6 @@ class KVTarget:
     layout: KVLayout
     lease_s: float | None = None
     """How long the reservation holds without a chunk (None: unknown)."""
+    generation: int = 0
+    """Generation of the decode pod that reserved the blocks (0: unknown). NOTE: a pod restarted under the same
+    address has a new generation; a target of the old one is stale, and its transfer id unknown to the new one."""

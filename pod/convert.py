@@ -63,6 +63,7 @@ def kv_target_to_pb(target: KVTarget) -> kv_transfer_pb2.KVTarget:
         endpoint=target.endpoint,
         block_ids=target.block_ids,
         layout=kv_layout_to_pb(target.layout),
+        generation=target.generation,
     )
     if target.lease_s is not None:
         pb.lease.CopyFrom(duration_to_pb(target.lease_s))
@@ -78,4 +79,5 @@ def kv_target_from_pb(pb: kv_transfer_pb2.KVTarget, field: str) -> KVTarget:
         block_ids=tuple(pb.block_ids),
         layout=kv_layout_from_pb(pb.layout, f"{field}.layout"),
         lease_s=pb.lease.ToNanoseconds() / 1e9 if pb.HasField("lease") else None,
+        generation=pb.generation,
     )

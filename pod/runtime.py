@@ -70,8 +70,11 @@ class PodRuntime:
         self.metrics = ServiceMetrics(role)
         self.metrics_port: int | None = None
         # NOTE: tracing first, so that its SERVER span sees the status the ErrorInterceptor sets.
+        # NOTE: the router pings its pod channels every second (router.pod_client.KEEPALIVE_OPTIONS) to see a
+        # stopped or vanished pod in seconds; the server's defaults would answer such pings with GOAWAY.
         self.server = grpc.aio.server(
-            interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)]
+            interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)],
+            options=[("grpc.http2.min_ping_interval_without_data_ms", 500), ("grpc.keepalive_permit_without_calls", 1)],
         )
         self.stopping = stopping or asyncio.Event()
         self.address = ""

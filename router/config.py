@@ -57,12 +57,19 @@ class RoutingConfig:
         metadata=doc("with no cached prefix, skip the rendezvous pick while its queue exceeds the shortest by this"),
     )
     max_attempts: int = field(
-        default=3,
-        metadata=doc("pods tried per request when a pod is unavailable (or out of KV) before any token is streamed"),
+        default=4,
+        metadata=doc("failed legs (a pod gone, reset or out of its lease) a completion survives: each continues "
+                     "on other pods from the last streamed token"),
+    )  # fmt: skip
+    retry_budget_per_s: float = field(
+        default=10.0, metadata=doc("retries per second the whole router may spend on failed legs (token bucket)")
     )
+    retry_budget_burst: int = field(default=100, metadata=doc("retries the router's budget holds at most"))
     unavailable_cooldown_s: float = field(
-        default=5.0, metadata=doc("how long a pod that answered UNAVAILABLE is skipped while other pods can serve")
-    )
+        default=2.0,
+        metadata=doc("how long a pod whose call failed stays suspect (no new requests while other pods can serve) "
+                     "before a SERVING health check may clear it; a restart with a new generation clears it at once"),
+    )  # fmt: skip
     missing_pod_grace_s: float = field(
         default=3.0,
         metadata=doc("how long a pod missing from a readable registry (e.g. a restarted Redis) is still routed to: "
@@ -77,6 +84,8 @@ class RoutingConfig:
             f"must be >= 0, got {self.prefill_max_imbalance_tokens}",
         )
         _require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")
+        _require(self.retry_budget_per_s >= 0, "retry_budget_per_s", f"must be >= 0, got {self.retry_budget_per_s}")
+        _require(self.retry_budget_burst >= 1, "retry_budget_burst", f"must be >= 1, got {self.retry_budget_burst}")
         _require(
             self.unavailable_cooldown_s >= 0,
             "unavailable_cooldown_s",

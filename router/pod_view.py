@@ -10,9 +10,12 @@
 - Draining pods stay in the list (their in-flight requests finish) but are never offered for new
   requests.
 - Pods announcing another model are ignored: their block hashes and tokenizer would not match.
-- A pod that answered UNAVAILABLE is skipped for `cooldown_s` while other pods of its role remain.
-- One grpc.aio channel per pod, reused by every request; a channel whose pod left the list is
-  closed after a grace period (its in-flight calls may still be finishing).
+- A pod whose call failed (UNAVAILABLE, a keepalive that lapsed, a failed leg: `report_unavailable`) is suspect
+  at once: skipped while other pods of its role remain, until it answers a health check SERVING (probed at each
+  refresh, no sooner than `cooldown_s` after the failure) or is listed with another generation (restarted).
+  The registry's TTL is only the backstop for pods nobody called.
+- One grpc.aio channel per pod, reused by every request, with keepalive pings (`router.pod_client`); a channel
+  whose pod left the list is closed after a grace period (its in-flight calls may still be finishing).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from router.pod_client import PodClient
 logger = logging.getLogger(__name__)
 
 _CHANNEL_GRACE_S = 60.0
+_PROBE_TIMEOUT_S = 0.5
 
 
 class PodLister(Protocol):
@@ -53,7 +57,7 @@ class PodView:
         model: str,
         refresh_s: float,
         load: LocalLoads,
-        cooldown_s: float = 5.0,
+        cooldown_s: float = 2.0,
         missing_grace_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         channel_interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
@@ -73,7 +77,8 @@ class PodView:
         self._clients: dict[str, PodClient] = {}
         self._gone_since: dict[str, float] = {}
         self._retired: list[tuple[float, PodClient]] = []
-        self._cooling_until: dict[str, float] = {}
+        self._suspects: dict[str, tuple[int, float]] = {}
+        """Suspect pods: the generation they failed under, and when they may be probed."""
         self._warned_models: set[str] = set()
         self._failing = False
         self._task: asyncio.Task[None] | None = None
@@ -84,12 +89,11 @@ class PodView:
         return list(self._pods)
 
     def pods(self, role: PodRole) -> list[PodInfo]:
-        """Pods of `role` that may take a new request: not draining, and not cooling down after an
-        UNAVAILABLE answer unless no other pod of the role is left."""
+        """Pods of `role` that may take a new request: not draining, and not suspect unless no other pod of the
+        role is left."""
         serving = [pod for pod in self._pods if pod.role == role and not pod.draining]
-        now = self._clock()
-        warm = [pod for pod in serving if self._cooling_until.get(pod.pod_id, 0.0) <= now]
-        return warm or serving
+        trusted = [pod for pod in serving if pod.pod_id not in self._suspects]
+        return trusted or serving
 
     def client(self, pod: PodInfo) -> PodClient:
         """The cached client of `pod` (a new one when the pod moved to another address)."""
@@ -102,8 +106,12 @@ class PodView:
         return client
 
     def report_unavailable(self, pod_id: str) -> None:
-        """A call to the pod failed with UNAVAILABLE: skip it for a while (drop it if it left the registry)."""
-        self._cooling_until[pod_id] = self._clock() + self._cooldown_s
+        """A call to the pod failed as a dead pod's would: it is suspect (dropped if it left the registry)."""
+        generation = next((pod.generation for pod in self._pods if pod.pod_id == pod_id), 0)
+        if pod_id not in self._suspects:
+            logger.info("pod %s (generation %d) is suspect: no new requests until it answers health", pod_id,
+                        generation)  # fmt: skip
+        self._suspects[pod_id] = (generation, self._clock() + self._cooldown_s)
         if self._missing_since.pop(pod_id, None) is not None:
             self._pods = [pod for pod in self._pods if pod.pod_id != pod_id]
 
@@ -127,6 +135,7 @@ class PodView:
         self._pods = self._merge([pod for pod in listed if self._serves_our_model(pod)])
         self._load.on_refresh()
         await self._close_departed()
+        await self._probe_suspects()
         return True
 
     async def aclose(self) -> None:
@@ -176,7 +185,21 @@ class PodView:
         expired = [client for since, client in self._retired if now - since >= _CHANNEL_GRACE_S]
         self._retired = [(since, client) for since, client in self._retired if now - since < _CHANNEL_GRACE_S]
         await asyncio.gather(*(client.aclose() for client in expired))
-        self._cooling_until = {p: t for p, t in self._cooling_until.items() if t > now}
+
+    async def _probe_suspects(self) -> None:
+        """Clear the suspects listed under another generation (restarted) or gone, and those whose probe time came
+        that answer health SERVING."""
+        generations = {pod.pod_id: pod.generation for pod in self._pods}
+        for pod_id, (generation, _) in list(self._suspects.items()):
+            if generations.get(pod_id) != generation:
+                del self._suspects[pod_id]
+        now = self._clock()
+        due = [pod for pod in self._pods if pod.pod_id in self._suspects and self._suspects[pod.pod_id][1] <= now]
+        answers = await asyncio.gather(*(self.client(pod).is_serving(_PROBE_TIMEOUT_S) for pod in due))
+        for pod, serving in zip(due, answers, strict=True):
+            if serving and pod.pod_id in self._suspects:
+                del self._suspects[pod.pod_id]
+                logger.info("pod %s answers health again: no longer suspect", pod.pod_id)
 
     async def _refresh_loop(self) -> None:
         while True:

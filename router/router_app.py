@@ -33,6 +33,7 @@ from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.config import RouterConfig, RoutingConfig
 from router.local_load import LocalLoads
+from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
@@ -79,6 +80,7 @@ class RouterApp:
         context = RunContext(
             self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
             routing.max_attempts, time.monotonic, tracing, metrics,
+            RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst),
         )  # fmt: skip
         self._server = grpc.aio.server(
             interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()]

@@ -3,6 +3,7 @@ share (`PromptPlan`)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
 from router.local_load import LocalLoads
+from router.migration import RetryBudget
 from router.pod_view import PodView
 from router.routing_policy import RoutingPolicy
 
@@ -26,9 +28,20 @@ class RunContext:
     tokenizer: PreTrainedTokenizerBase
     block_size: int
     max_attempts: int
+    """Failed legs (pods that failed a Reserve, Prefill or Decode) one completion may have before it fails."""
     clock: Callable[[], float]
     tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
     metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
+    retry_budget: RetryBudget = field(default_factory=lambda: RetryBudget(rate_per_s=10.0, burst=100))
+    """Retries left to the whole router (see router.migration)."""
+    rng: random.Random = field(default_factory=random.Random)
+    """Jitter of the backoff between attempts."""
+
+    def remaining_s(self, deadline: float | None) -> float | None:
+        """Seconds left until `deadline` (a `clock` time; None: no deadline)."""
+        if deadline is None:
+            return None
+        return max(deadline - self.clock(), 0.0)
 
 
 @dataclass(slots=True, frozen=True)

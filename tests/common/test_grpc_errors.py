@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import ErrorInterceptor, bad_request_fields, to_status
+from common.grpc_errors import ErrorInterceptor, bad_request_fields, retry_delay_s, to_status
 from common.grpc_server import HealthState, add_standard_services, wait_for_health
 from common.sampling_params import SamplingParams
 from kv_transfer.state import LayoutMismatchError, TransferExpiredError, UnknownTransferError
@@ -192,6 +192,31 @@ def test_to_status_keeps_unknown_and_dotted_fields() -> None:
     assert rich.code == code_pb2.RESOURCE_EXHAUSTED
     assert rich.details[0].Unpack(retry_info)
     assert retry_info.retry_delay.ToNanoseconds() == 250_000_000
+
+
+def test_unavailable_carries_retry_info_only_when_it_names_a_delay() -> None:
+    bare = status_pb2.Status.FromString(
+        dict(to_status(UnavailableError("no pod", retry_after_s=0.75)).trailing_metadata)["grpc-status-details-bin"]
+    )
+    retry_info = error_details_pb2.RetryInfo()
+    assert (bare.code, bare.message) == (code_pb2.UNAVAILABLE, "no pod")
+    assert bare.details[0].Unpack(retry_info)
+    assert retry_info.retry_delay.ToNanoseconds() == 750_000_000
+    plain = status_pb2.Status.FromString(
+        dict(to_status(UnavailableError("no pod")).trailing_metadata)["grpc-status-details-bin"]
+    )
+    assert (plain.code, plain.message, len(plain.details)) == (code_pb2.UNAVAILABLE, "no pod", 0)
+
+
+def test_retry_delay_is_read_back_from_a_call_error() -> None:
+    async def test(stub: Any, address: str, health: HealthState) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as exhausted:
+            await stub.GetModelInfo(generation_pb2.GetModelInfoRequest())
+        with pytest.raises(grpc.aio.AioRpcError) as unavailable:
+            await stub.Tokenize(generation_pb2.TokenizeRequest(text="unavailable"))
+        assert (retry_delay_s(exhausted.value), retry_delay_s(unavailable.value)) == (1.0, None)
+
+    _run(test)
 
 
 def test_health_starts_not_serving_and_follows_the_state() -> None:

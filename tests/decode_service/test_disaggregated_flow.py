@@ -178,7 +178,7 @@ async def test_reserve_on_a_full_pool_is_resource_exhausted(tiny_model: Path, re
 
 
 async def test_seeded_sampling_equals_the_offline_engines(tiny_model: Path, redis_server: RedisServer) -> None:
-    # NOTE: the decode pod continues the seeded stream where the prefill pod's one draw left it.
+    # NOTE: each draw depends on (seed, position) only, so the decode pod carries on from the prefill pod's token.
     prompt = _prompt(40, seed=9)
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
     engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
@@ -189,6 +189,6 @@ async def test_seeded_sampling_equals_the_offline_engines(tiny_model: Path, redi
     params = sampling_pb2.SamplingParams(temperature=1.0, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
     async with running_pods(tiny_model, redis_server.url) as pods:
         assert (await pods.generate(prompt, params)).token_ids == expected
-        # Two requests with the same seed in one batch still draw from their own streams.
+        # Two requests with the same seed in one batch draw the same tokens.
         flows = await asyncio.gather(pods.generate(prompt, params), pods.generate(prompt, params))
         assert [flow.token_ids for flow in flows] == [expected, expected]

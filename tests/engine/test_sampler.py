@@ -11,6 +11,7 @@ from engine.sampler import (
     SamplingBatch,
     apply_penalties,
     apply_top_k_top_p_min_p,
+    position_seed,
 )
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
@@ -23,11 +24,10 @@ def make_batch(
     prompts: list[Sequence[int]] | None = None,
     outputs: list[Sequence[int]] | None = None,
 ) -> SamplingBatch:
-    seeds = seeds if seeds is not None else [None] * len(params)
-    generators = [None if seed is None else torch.Generator().manual_seed(seed) for seed in seeds]
     return SamplingBatch(
         params=params,
-        generators=generators,
+        seeds=seeds if seeds is not None else [None] * len(params),
+        positions=[0] * len(params),
         prompt_token_ids=prompts if prompts is not None else [[] for _ in params],
         output_token_ids=outputs if outputs is not None else [[] for _ in params],
     )
@@ -119,8 +119,7 @@ def draw_sequence(
 ) -> list[int]:
     """Sample `steps` tokens for one seeded row placed at `position` among `others`."""
     sampler = Sampler()
-    target = torch.Generator().manual_seed(seed)
-    other_generators = [None if p.greedy else torch.Generator().manual_seed(100 + i) for i, p in enumerate(others)]
+    other_seeds = [None if p.greedy else 100 + i for i, p in enumerate(others)]
     vocab_size = logits_row.shape[0]
     tokens: list[int] = []
     for step in range(steps):
@@ -129,9 +128,10 @@ def draw_sequence(
         rows.insert(position, logits_row)
         all_params = list(others)
         all_params.insert(position, params)
-        generators: list[torch.Generator | None] = list(other_generators)
-        generators.insert(position, target)
-        batch = SamplingBatch(all_params, generators, [[] for _ in all_params], [[] for _ in all_params])
+        seeds: list[int | None] = list(other_seeds)
+        seeds.insert(position, seed)
+        positions = [step] * len(all_params)
+        batch = SamplingBatch(all_params, seeds, positions, [[] for _ in all_params], [[] for _ in all_params])
         tokens.append(sampler(torch.stack(rows), batch).to_lists()[0][position])
     return tokens
 
@@ -149,6 +149,27 @@ def test_same_seed_same_tokens_alone_or_in_any_batch() -> None:
     for position in range(len(others) + 1):
         assert draw_sequence(logits_row, params, seed=7, steps=30, position=position, others=others) == alone
     assert len(set(alone)) > 3
+
+
+def test_position_seeds_are_pinned_63_bit_values() -> None:
+    # NOTE: pinned: changing the mix changes every seeded request's tokens.
+    assert [position_seed(0, 0), position_seed(1234, 7), position_seed(1234, 8), position_seed(-5, 3)] == [
+        3119036373970289394, 5952960657694147797, 7490526303529369106, 5114786405218029739]  # fmt: skip
+
+
+def test_a_seeded_draw_depends_on_its_seed_and_position_only() -> None:
+    """What a migrated request relies on: sampling from position 10 on, with nothing drawn before, gives the same
+    tokens as the uninterrupted run gives from position 10 on."""
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(4))
+    params = SamplingParams(temperature=1.0, seed=99)
+
+    def at(position: int) -> int:
+        batch = SamplingBatch([params], [99], [position], [[]], [[]])
+        return Sampler()(logits, batch).to_lists()[0][0]
+
+    uninterrupted = [at(position) for position in range(30)]
+    assert [at(position) for position in range(10, 30)] == uninterrupted[10:]
+    assert len(set(uninterrupted)) > 5
 
 
 def test_different_seeds_differ() -> None:
@@ -172,10 +193,9 @@ def test_different_seeds_differ() -> None:
 def test_empirical_frequencies(params: SamplingParams, expected: list[float]) -> None:
     num_draws = 8000
     logits = torch.tensor([PROBS]).log().expand(num_draws, -1)
-    generator = torch.Generator().manual_seed(1234)
-    batch = SamplingBatch(
-        [params] * num_draws, [generator] * num_draws, [[] for _ in range(num_draws)], [[] for _ in range(num_draws)]
-    )
+    empty: list[Sequence[int]] = [[] for _ in range(num_draws)]
+    seeds: list[int | None] = list(range(1234, 1234 + num_draws))
+    batch = SamplingBatch([params] * num_draws, seeds, [0] * num_draws, empty, empty)
     counts = Counter(Sampler()(logits, batch).to_lists()[0])
     for token_id, probability in enumerate(expected):
         if probability == 0.0:
@@ -254,14 +274,15 @@ def test_cuda_matches_cpu_greedy_and_is_batch_independent() -> None:
 
     def draw(num_others: int) -> list[int]:
         """Ten tokens of the row seeded 0, placed last after `num_others` other sampled rows."""
-        generators: list[torch.Generator | None] = [
-            torch.Generator(device="cuda").manual_seed(seed) for seed in [*range(1, num_others + 1), 0]
-        ]
-        empty: list[Sequence[int]] = [[] for _ in generators]
-        batch = SamplingBatch([other] * num_others + [params], generators, empty, empty)
+        seeds: list[int | None] = [*range(1, num_others + 1), 0]
+        empty: list[Sequence[int]] = [[] for _ in seeds]
         noise = torch.randn(num_others, 1000, generator=torch.Generator().manual_seed(num_others))
         stacked = torch.cat([noise, logits[:1]]).cuda()
-        return [Sampler()(stacked, batch).to_lists()[0][-1] for _ in range(10)]
+        tokens = []
+        for position in range(10):
+            batch = SamplingBatch([other] * num_others + [params], seeds, [position] * len(seeds), empty, empty)
+            tokens.append(Sampler()(stacked, batch).to_lists()[0][-1])
+        return tokens
 
     alone = draw(0)
     assert draw(3) == alone

@@ -9,8 +9,16 @@ from common.proto_convert import sampling_params_from_pb as common_sampling_para
 from common.sampling_params import SamplingParams
 from kv_transfer.config import BACKENDS
 from kv_transfer.layout import KVLayout
+from kv_transfer.target import KVTarget
 from pdserve.v1 import kv_transfer_pb2, sampling_pb2
-from pod.convert import backend_from_pb, backend_to_pb, kv_layout_from_pb, kv_layout_to_pb
+from pod.convert import (
+    backend_from_pb,
+    backend_to_pb,
+    kv_layout_from_pb,
+    kv_layout_to_pb,
+    kv_target_from_pb,
+    kv_target_to_pb,
+)
 
 
 def sampling_params_from_pb(pb: sampling_pb2.SamplingParams) -> SamplingParams:
@@ -87,3 +95,12 @@ def test_backend_names() -> None:
     with pytest.raises(InvalidArgumentError) as error:
         backend_from_pb(kv_transfer_pb2.TRANSFER_BACKEND_UNSPECIFIED, "kv_target.backend")
     assert error.value.field == "kv_target.backend"
+
+
+def test_kv_target_round_trip_keeps_the_reserving_pods_generation() -> None:
+    target = KVTarget("t-1", "tcp", "127.0.0.1:9", (4, 5, 6), LAYOUT, 30.0, 1_764_000_000_123_456_789)
+    pb = kv_target_to_pb(target)
+    assert pb.generation == 1_764_000_000_123_456_789
+    assert kv_target_from_pb(pb, "kv_target") == target
+    pb.ClearField("generation")
+    assert kv_target_from_pb(pb, "kv_target").generation == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ from google.protobuf import duration_pb2
 from transformers import PreTrainedTokenizerBase
 
 from common.block_hash import BlockHash
+from common.errors import UnavailableError
 from common.grpc_errors import ErrorInterceptor, abort_with
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import (
@@ -27,6 +29,7 @@ from pdserve.v1 import (
     sampling_pb2,
 )
 from router.local_load import LocalLoads
+from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
@@ -62,6 +65,8 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
     """Answers Prefill with `first_token_id`, then (after `transfer_gate`) a TransferDone."""
 
     first_token_id: int = 1
+    later_first_token_ids: Sequence[int] = ()
+    """The first tokens of the 2nd, 3rd, ... Prefill calls (`first_token_id` when not given)."""
     num_cached_tokens: int = 0
     finish_reason: int = sampling_pb2.FINISH_REASON_UNSPECIFIED
     stop_token_id: int | None = None
@@ -88,8 +93,9 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
             if self.first_token_gate is not None:
                 await self.first_token_gate.wait()
             stop = None if self.stop_token_id is None else sampling_pb2.StopReason(stop_token_id=self.stop_token_id)
+            later = self.later_first_token_ids[len(self.requests) - 2 : len(self.requests) - 1]
             first = prefill_pb2.FirstToken(
-                token_id=self.first_token_id, num_cached_tokens=self.num_cached_tokens,
+                token_id=later[0] if later else self.first_token_id, num_cached_tokens=self.num_cached_tokens,
                 finish_reason=self.finish_reason, stop_reason=stop,  # type: ignore[arg-type]
                 logprob=-0.5 if request.sampling_params.logprobs else None,
             )  # fmt: skip
@@ -119,7 +125,12 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     pod_id: str = "decode"
     steps: Sequence[tuple[Sequence[int], int, int | None]] = ()
     step_delay_s: float = 0.0
+    generation: int = 1
+    """What Reserve's KV targets name (the registry lists every fake pod as generation 1)."""
     reserve_fail: Exception | None = None
+    fail_after_steps: int | None = None
+    """Decode streams that many steps, then fails with `fail` (as the pod dying mid-stream would)."""
+    fail: Exception = field(default_factory=lambda: UnavailableError("Socket closed"))
     decode_gate: asyncio.Event | None = None
     """Decode waits (bounded) for it before streaming; `gate_results` records whether it was set in time."""
     reserves: list[decode_pb2.ReserveRequest] = field(default_factory=list)
@@ -139,7 +150,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             transfer_id=f"{self.pod_id}-t{len(self.reserves)}", backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
             endpoint="127.0.0.1:1", block_ids=range(100, 100 + num_blocks),
             layout=kv_transfer_pb2.KVLayout(dtype="float32", block_size=BLOCK_SIZE, num_layers=1, num_kv_heads=1,
-                                            head_dim=8, block_nbytes=1024),
+                                            head_dim=8, block_nbytes=1024), generation=self.generation,
         )  # fmt: skip
         return decode_pb2.ReserveResponse(kv_target=target, lease=_duration(10.0))
 
@@ -153,7 +164,10 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         try:
             if self.decode_gate is not None:
                 self.gate_results.append(await _bounded_wait(self.decode_gate))
-            for token_ids, finish_reason, stop_token_id in self.steps:
+            for index, (token_ids, finish_reason, stop_token_id) in enumerate(self.steps):
+                if index == self.fail_after_steps:
+                    ended = True
+                    await abort_with(context, self.fail)
                 if self.step_delay_s:
                     await asyncio.sleep(self.step_delay_s)
                 stop = None if stop_token_id is None else sampling_pb2.StopReason(stop_token_id=stop_token_id)
@@ -219,6 +233,7 @@ async def router_over(
     tokenizer: PreTrainedTokenizerBase,
     model: ModelInfo,
     directory: FakeDirectory | None = None,
+    retry_budget: RetryBudget | None = None,
 ) -> AsyncIterator[Router]:
     """Serves each fake pod and a router (GenerationServicer + ErrorInterceptor) on 127.0.0.1."""
     servers: list[grpc.aio.Server] = []
@@ -242,6 +257,8 @@ async def router_over(
     await view.refresh()
     directory = directory or FakeDirectory()
     context = RunContext(view, RoutingPolicy(BLOCK_SIZE), load, tokenizer, BLOCK_SIZE, 3, time.monotonic)
+    if retry_budget is not None:
+        context = dataclasses.replace(context, retry_budget=retry_budget)
     router = grpc.aio.server(interceptors=[ErrorInterceptor()])
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(
         GenerationServicer(RequestLifecycle(model, pool, directory, context)), router

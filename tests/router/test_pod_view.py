@@ -1,14 +1,16 @@
-"""PodView over a real Redis registry: refresh, outages, restarts, draining, model mismatch, cooldown."""
+"""PodView over a real Redis registry: refresh, outages, restarts, draining, model mismatch, suspects."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 
+import grpc.aio
 import pytest
 
 from cli.redis_server import RedisServer
 from common.errors import UnavailableError
+from common.grpc_server import add_standard_services
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from router.local_load import LocalLoads
 from router.pod_view import PodView
@@ -77,24 +79,40 @@ async def test_draining_and_other_model_pods_take_no_new_requests(redis_server: 
         await registry.aclose()
 
 
-async def test_unavailable_pods_cool_down_unless_no_other_is_left(redis_server: RedisServer) -> None:
+async def test_a_failed_pod_is_suspect_until_it_answers_health_or_restarts(redis_server: RedisServer) -> None:
     registry = PodRegistry(redis_server.url)
     clock = _Clock()
     view = PodView(registry, MODEL, refresh_s=60.0, load=LocalLoads(), cooldown_s=5.0, clock=clock)
+    health_server = grpc.aio.server()
+    health_state = add_standard_services(health_server, [])
+    port = health_server.add_insecure_port("127.0.0.1:0")
+    await health_server.start()
+    answering = dataclasses.replace(P1, address=f"127.0.0.1:{port}")
     try:
         await registry.register(P0)
-        await registry.register(P1)
+        await registry.register(answering)
         assert await view.refresh()
         view.report_unavailable("prefill-0")
-        assert view.pods("prefill") == [P1]
-        clock.now += 4.9
-        assert view.pods("prefill") == [P1]
-        clock.now += 0.1
-        assert view.pods("prefill") == [P0, P1]
-        view.report_unavailable("prefill-0")
         view.report_unavailable("prefill-1")
-        assert view.pods("prefill") == [P0, P1]
+        # NOTE: every pod of the role suspect: they are all offered rather than none.
+        assert view.pods("prefill") == [P0, answering]
+        clock.now += 4.9
+        await health_state.set_serving()
+        assert await view.refresh()
+        assert view.pods("prefill") == [P0, answering]
+        clock.now += 0.1
+        assert await view.refresh()
+        # NOTE: prefill-1 answers SERVING; prefill-0 (nothing listens at its address) stays suspect.
+        assert view.pods("prefill") == [answering]
+        clock.now += 100.0
+        assert await view.refresh()
+        assert view.pods("prefill") == [answering]
+        restarted = dataclasses.replace(P0, generation=2)
+        await registry.register(restarted)
+        assert await view.refresh()
+        assert view.pods("prefill") == [restarted, answering]
     finally:
+        await health_server.stop(None)
         await view.aclose()
         await registry.aclose()
 

@@ -12,8 +12,9 @@ from transformers import PreTrainedTokenizerBase
 
 from common.block_hash import block_extra_keys, hash_prompt_blocks
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import bad_request_fields
+from common.grpc_errors import bad_request_fields, retry_delay_s
 from pdserve.v1 import generation_pb2, sampling_pb2
+from router.migration import BACKOFF_MAX_S, RetryBudget
 from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import BLOCK_SIZE, MODEL, WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over
@@ -210,7 +211,9 @@ async def test_every_prefill_pod_unavailable_is_unavailable(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await _collect(router.stub.Generate(_request()))
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert sorted(decode.releases) == ["decode-0-t1", "decode-0-t2"]
+    assert retry_delay_s(info.value) == BACKOFF_MAX_S
+    # NOTE: max_attempts 3: both pods, then (every pod skipped once) one of them again.
+    assert sorted(decode.releases) == ["decode-0-t1", "decode-0-t2", "decode-0-t3"]
 
 
 async def test_decode_pods_out_of_kv_are_skipped_then_resource_exhausted(
@@ -246,24 +249,91 @@ async def test_the_first_token_ending_the_request_releases_instead_of_decoding(
     assert (decode.decodes, decode.releases) == ([], ["decode-0-t1"])
 
 
-async def test_a_failed_kv_transfer_ends_the_request_and_cancels_decode(
+async def test_a_failed_kv_transfer_migrates_until_the_attempts_are_spent(
     tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
 ) -> None:
-    decode = FakeDecode("decode-0", decode_steps(output_ids[1:3]), decode_gate=asyncio.Event())
+    decode = FakeDecode("decode-0", decode_steps(output_ids[1:5]), decode_gate=asyncio.Event())
     prefill = FakePrefill(
         first_token_id=output_ids[0],
+        later_first_token_ids=output_ids[1:3],
         transfer_gate=decode.entered,
         fail_after_first=UnavailableError("receiver went away"),
     )
     async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
-        call = router.stub.Generate(_request(max_tokens=3))
-        first = await call.read()
+        call = router.stub.Generate(_request(max_tokens=5))
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await asyncio.wait_for(_collect(call), WAIT_S / 2)
         await asyncio.wait_for(decode.cancelled.wait(), WAIT_S / 2)
-    assert list(first.token_ids) == [output_ids[0]]
+    # NOTE: each leg streamed its first token, then lost its transfer; the 3rd failure (max_attempts) ends it.
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [PROMPT, PROMPT + output_ids[:1],
+                                                                    PROMPT + output_ids[:2]]  # fmt: skip
+    assert [r.sampling_params.max_tokens for r in prefill.requests] == [5, 4, 3]
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert "receiver went away" in (info.value.details() or "")
+    assert "3 attempts failed, the last: Prefill on pod prefill-0: receiver went away" in (info.value.details() or "")
+
+
+async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    num_tokens = len(output_ids)
+    dying = FakeDecode("decode-a", decode_steps(output_ids[1:]), fail_after_steps=3)
+    healthy = FakeDecode("decode-b", decode_steps(output_ids[5:]))
+    prefill = FakePrefill(first_token_id=output_ids[0], later_first_token_ids=[output_ids[4]], num_cached_tokens=16)
+    decodes = {"decode-a": dying, "decode-b": healthy}
+    async with router_over({"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model) as router:
+        responses = await _collect(router.stub.Generate(_request(max_tokens=num_tokens)))
+        assert [pod.pod_id for pod in router.pods.pods("decode")] == ["decode-b"]
+    assert [t for r in responses for t in r.token_ids] == output_ids
+    assert "".join(r.text for r in responses) == TEXT
+    assert {r.request_id for r in responses} == {"req-1"}
+    last = responses[-1]
+    assert (last.finish_reason, last.usage.completion_tokens, last.usage.cached_prompt_tokens) == (
+        sampling_pb2.FINISH_REASON_LENGTH, num_tokens, 16)  # fmt: skip
+    assert (last.metrics.decode_pod_id, last.metrics.num_attempts) == ("decode-b", 2)
+    # NOTE: the second leg's prompt is the prompt plus the 4 tokens streamed; max_tokens shrinks by them.
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [PROMPT, PROMPT + output_ids[:4]]
+    assert [r.sampling_params.max_tokens for r in prefill.requests] == [num_tokens, num_tokens - 4]
+    assert [(r.num_prompt_tokens, r.max_tokens) for r in healthy.reserves] == [(44, num_tokens - 4)]
+    (decode_request,) = healthy.decodes
+    assert (list(decode_request.prompt_token_ids), decode_request.first_token_id) == (
+        PROMPT + output_ids[:4], output_ids[4])  # fmt: skip
+
+
+async def test_an_empty_router_retry_budget_ends_a_failed_stream_unavailable_with_its_refill_time(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    dying = FakeDecode("decode-a", decode_steps(output_ids[1:]), fail_after_steps=2)
+    healthy = FakeDecode("decode-b", decode_steps(output_ids[4:]))
+    prefill = FakePrefill(first_token_id=output_ids[0], later_first_token_ids=[output_ids[3]])
+    decodes = {"decode-a": dying, "decode-b": healthy}
+    budget = RetryBudget(rate_per_s=4.0, burst=0, clock=lambda: 0.0)
+    async with router_over(
+        {"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model, retry_budget=budget
+    ) as router:
+        call = router.stub.Generate(_request(max_tokens=len(output_ids)))
+        streamed = []
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            while (response := await call.read()) is not grpc.aio.EOF:
+                streamed.extend(response.token_ids)
+    assert streamed == output_ids[:3]
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert retry_delay_s(info.value) == 0.25
+    assert (len(prefill.requests), healthy.reserves) == (1, [])
+
+
+async def test_a_reservation_of_another_generation_is_released_and_not_used(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    restarted = FakeDecode("decode-a", decode_steps(output_ids[1:3]), generation=2)
+    listed = FakeDecode("decode-b", decode_steps(output_ids[1:3]))
+    prefill = FakePrefill(first_token_id=output_ids[0])
+    decodes = {"decode-a": restarted, "decode-b": listed}
+    async with router_over({"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model) as router:
+        responses = await _collect(router.stub.Generate(_request(max_tokens=3)))
+        assert [pod.pod_id for pod in router.pods.pods("decode")] == ["decode-b"]
+    assert [t for r in responses for t in r.token_ids] == output_ids[:3]
+    assert (responses[-1].metrics.decode_pod_id, responses[-1].metrics.num_attempts) == ("decode-b", 2)
+    assert (restarted.releases, restarted.decodes, len(prefill.requests)) == (["decode-a-t1"], [], 1)
 
 
 async def test_n_completions_are_merged_by_index_with_usage_last(

@@ -109,12 +109,17 @@ class KVTarget(_message.Message):
     BLOCK_IDS_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     transfer_id: _builtins.str
     """Id of the transfer, chosen by the decode pod when it reserved the blocks."""
     backend: Global___TransferBackend.ValueType
     """Backend the decode pod's receiver speaks."""
     endpoint: _builtins.str
     """Address of the decode pod's KV receiver ("host:port" for TRANSFER_BACKEND_TCP)."""
+    generation: _builtins.int
+    """Generation of the decode pod that reserved the blocks (the one its registry entry carries); 0: not known.
+    A reference made under another generation than the pod's listed one is stale and never used.
+    """
     @_builtins.property
     def block_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Destination block ids in the decode pod's pool, one per prompt block, in prompt order."""
@@ -139,10 +144,11 @@ class KVTarget(_message.Message):
         block_ids: _abc.Iterable[_builtins.int] | None = ...,
         layout: Global___KVLayout | None = ...,
         lease: _duration_pb2.Duration | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_ids", b"block_ids", "endpoint", b"endpoint", "layout", b"layout", "lease", b"lease", "transfer_id", b"transfer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_ids", b"block_ids", "endpoint", b"endpoint", "generation", b"generation", "layout", b"layout", "lease", b"lease", "transfer_id", b"transfer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,189 @@
+"""One leg of a completion: Reserve + Prefill + Decode on one pair of pods.
+
+1. `open`: Reserve the prompt's KV blocks on the decode pod (counted on it from the pick), start Prefill with that
+   KV target, and wait for the Prefill stream's first message, the first token.
+2. `decode`: call Decode on the reserving pod (the reservation is claimed), while the rest of the Prefill stream
+   (the KV transfer's end) is read beside it; yields the decode steps up to the one with a finish reason.
+3. `aclose`: cancel whatever pod call is still open and Release a reservation that no Decode claimed.
+A KV target answered under another generation than the decode pod's listed one (the pod restarted under the same
+id and address) fails the leg: a reference is only ever used with the incarnation that made it.
+A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: UNAVAILABLE
+(the pod is gone, draining, or its keepalive lapsed), ABORTED / NOT_FOUND / FAILED_PRECONDITION (a KV transfer or
+reservation that ended, e.g. its lease lapsed: from the Prefill stream, that blames the decode pod, whose receiver
+stopped answering), UNKNOWN / CANCELLED (the peer went away mid-call), or a Decode stream that ends without a finish
+reason. A decode pod out of KV blocks raises `DecodePodFull`. Anything else
+(bad input, overload, the client's deadline) propagates as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+
+import grpc
+import grpc.aio
+
+from common.errors import ResourceExhaustedError, UnavailableError
+from common.pod_registry import PodInfo
+from kv_transfer.target import KVTarget
+from router.migration import LegInput
+from router.outputs import DecodeStep, FirstToken, TransferDone
+from router.prefill_tail import cancel_and_wait, result_within, transfer_done, until_transfer_fails
+from router.run_context import PromptPlan, RunContext
+
+logger = logging.getLogger(__name__)
+
+_RELEASE_TIMEOUT_S = 2.0
+_TRANSFER_DONE_WAIT_S = 1.0
+_TRANSFER_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION})
+_LEG_FAILURE_CODES = _TRANSFER_CODES | {grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+
+
+class LegFailed(Exception):
+    """A pod call of the leg failed in a way another pair of pods could fix; `pod_id` is the pod to blame."""
+
+    def __init__(self, pod_id: str, message: str) -> None:
+        super().__init__(message)
+        self.pod_id = pod_id
+
+
+class DecodePodFull(Exception):
+    """A decode pod's Reserve found no free KV blocks: try another decode pod."""
+
+
+@contextlib.contextmanager
+def blamed_on(pod_id: str, transfer_peer_id: str | None = None) -> Iterator[None]:
+    """Re-raises the pod call failures that end a leg (see the module docstring) as LegFailed(pod_id), or
+    LegFailed(transfer_peer_id) for a KV transfer's failure when the call names the transfer's other end."""
+    try:
+        yield
+    except UnavailableError as exc:
+        raise LegFailed(pod_id, str(exc)) from exc
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        if code not in _LEG_FAILURE_CODES:
+            raise
+        blamed = transfer_peer_id if transfer_peer_id is not None and code in _TRANSFER_CODES else pod_id
+        raise LegFailed(blamed, f"pod {pod_id}: {code.name}: {exc.details()}") from exc
+
+
+class CompletionLeg:
+    """One Reserve + Prefill + Decode of `leg_input` on `prefill_pod` and `decode_pod`; see the module docstring."""
+
+    def __init__(
+        self, context: RunContext, plan: PromptPlan, request_id: str, leg_input: LegInput,
+        prefill_pod: PodInfo, decode_pod: PodInfo,
+    ) -> None:  # fmt: skip
+        self._ctx = context
+        self._plan = plan
+        self.request_id = request_id
+        self._input = leg_input
+        self.prefill_pod = prefill_pod
+        self.decode_pod = decode_pod
+        self._stack = contextlib.AsyncExitStack()
+        self._target: KVTarget | None = None
+        self._claimed = False
+        self._prefill_stream: AsyncGenerator[FirstToken | TransferDone, None] | None = None
+        self._transfer: asyncio.Task[TransferDone | None] | None = None
+
+    async def open(self) -> FirstToken:
+        """Reserve + Prefill up to the first token; raises LegFailed or DecodePodFull (see the module docstring)."""
+        num_prompt_tokens = len(self._input.token_ids)
+        decode_client = self._ctx.pods.client(self.decode_pod)
+        # NOTE: counted from the pick, not from Reserve's answer, so that a burst of completions picking pods
+        # at once spreads over the decode pods instead of all seeing the same idle one.
+        num_blocks = -(-num_prompt_tokens // self._ctx.block_size)
+        self._stack.enter_context(self._ctx.load.decoding(self.decode_pod.pod_id, num_blocks))
+        timeout = self._ctx.remaining_s(self._plan.deadline)
+        with blamed_on(self.decode_pod.pod_id):
+            try:
+                self._target = await decode_client.reserve(
+                    self.request_id, num_prompt_tokens, self._input.params.max_tokens, timeout
+                )
+            except ResourceExhaustedError as exc:
+                # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
+                raise DecodePodFull(str(exc)) from exc
+        self._stack.push_async_callback(self._release_unclaimed)
+        self._check_generation(self._target)
+        stream = self._ctx.pods.client(self.prefill_pod).prefill(
+            self.request_id, self._input.token_ids, self._input.params, self._target, self._plan.cache_salt,
+            self._ctx.remaining_s(self._plan.deadline),
+        )  # fmt: skip
+        self._prefill_stream = stream
+        self._stack.push_async_callback(stream.aclose)
+        cached_tokens = self._plan.cached_blocks.get(self.prefill_pod.pod_id, 0) * self._ctx.block_size
+        num_to_compute = max(num_prompt_tokens - cached_tokens, 0)
+        with (
+            self._ctx.load.prefilling(self.prefill_pod.pod_id, num_to_compute),
+            blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id),
+        ):
+            first = await anext(stream, None)
+        if not isinstance(first, FirstToken):
+            raise LegFailed(self.prefill_pod.pod_id, f"prefill pod {self.prefill_pod.pod_id} sent no first token")
+        return first
+
+    async def decode(self, first_token_id: int) -> AsyncGenerator[DecodeStep, None]:
+        """The Decode stream from the second token on, up to its step with a finish reason; raises LegFailed."""
+        assert self._target is not None and self._prefill_stream is not None
+        self._transfer = asyncio.create_task(self._transfer_done(), name=f"transfer-{self.request_id}")
+        self._stack.push_async_callback(cancel_and_wait, self._transfer)
+        self._claimed = True
+        steps = self._ctx.pods.client(self.decode_pod).decode(
+            self.request_id, self._target.transfer_id, self._input.token_ids, first_token_id, self._input.params,
+            self._plan.cache_salt, self._ctx.remaining_s(self._plan.deadline),
+        )  # fmt: skip
+        self._stack.push_async_callback(steps.aclose)
+        blamed = self._blamed_steps(steps)
+        try:
+            async with contextlib.aclosing(until_transfer_fails(blamed, self._transfer)) as checked:
+                async for step in checked:
+                    yield step
+                    if step.finish_reason is not None:
+                        return
+        finally:
+            await blamed.aclose()
+            await steps.aclose()
+        raise LegFailed(self.decode_pod.pod_id, f"decode pod {self.decode_pod.pod_id} ended the stream unfinished")
+
+    async def transfer_result(self) -> TransferDone | None:
+        """The KV transfer's TransferDone if it comes within a second of the call; None otherwise."""
+        if self._transfer is None:
+            return None
+        return await result_within(self._transfer, _TRANSFER_DONE_WAIT_S)
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+    def _check_generation(self, target: KVTarget) -> None:
+        """A target of another generation than the listed one comes from a restarted pod the router does not know
+        yet: the leg is not built on it (NOTE: the pod is suspect until the registry lists its new generation)."""
+        listed = self.decode_pod.generation
+        if target.generation and listed and target.generation != listed:
+            raise LegFailed(
+                self.decode_pod.pod_id,
+                f"decode pod {self.decode_pod.pod_id} reserved as generation {target.generation}, listed as {listed}",
+            )
+
+    async def _blamed_steps(self, steps: AsyncIterator[DecodeStep]) -> AsyncGenerator[DecodeStep, None]:
+        with blamed_on(self.decode_pod.pod_id):
+            async for step in steps:
+                yield step
+
+    async def _transfer_done(self) -> TransferDone | None:
+        assert self._prefill_stream is not None
+        with blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id):
+            return await transfer_done(self._prefill_stream)
+
+    async def _release_unclaimed(self) -> None:
+        """Release the reservation unless a Decode call claimed it (best effort: it lapses anyway)."""
+        if self._claimed or self._target is None:
+            return
+        try:
+            await self._ctx.pods.client(self.decode_pod).release(self._target.transfer_id, _RELEASE_TIMEOUT_S)
+        except Exception as exc:
+            logger.warning(
+                "request %s: Release on %s failed (the reservation will lapse): %s",
+                self.request_id, self.decode_pod.pod_id, exc,
+            )  # fmt: skip

@@ -1,0 +1,131 @@
+"""Helpers of the fault tests: a cluster of real processes, streams on threads whose progress a test watches while
+it breaks something, and the checks every fault scenario makes (KV back to baseline, a fresh request served).
+
+Faults are real signals to real processes (kill -9, SIGSTOP/SIGCONT); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
+from common.pod_registry import PodInfo, PodRole
+from pdserve.v1 import generation_pb2
+from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S
+
+STREAM_TIMEOUT_S = 900.0
+"""Bound on one stream (the soak variants on a loaded 2-core machine included); pytest's timeout bounds each test."""
+SOAK_TIMEOUT_S = 1800
+"""pytest timeout of a soak variant."""
+
+
+@contextmanager
+def fault_cluster(
+    log_dir: Path, num_prefill: int, num_decode: int, pod_args: Sequence[str] = (), router_args: Sequence[str] = ()
+) -> Iterator[LocalCluster]:
+    """Redis, the pods (the e2e tests' flags plus `pod_args`) and a router, stopped afterwards."""
+    config = ClusterConfig(
+        num_prefill=num_prefill, num_decode=num_decode, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *pod_args), router_args=tuple(router_args), log_dir=log_dir,
+        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
+    )  # fmt: skip
+    with LocalCluster(config) as cluster:
+        yield cluster
+
+
+@dataclass(slots=True)
+class Stream:
+    """One Generate call (`request`: GenerationClient.generate's kwargs) read on a thread of its own."""
+
+    request: Mapping[str, Any]
+    token_ids: list[int] = field(default_factory=list)
+    metrics: generation_pb2.RequestMetrics | None = None
+    error: grpc.RpcError | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, client: GenerationClient) -> Stream:
+        threading.Thread(target=self._run, args=(client,), daemon=True).start()
+        return self
+
+    def _run(self, client: GenerationClient) -> None:
+        try:
+            for response in client.generate(timeout_s=STREAM_TIMEOUT_S, **self.request):
+                self.token_ids.extend(response.token_ids)
+                if response.HasField("metrics"):
+                    self.metrics = response.metrics
+        except grpc.RpcError as exc:
+            self.error = exc
+        finally:
+            self.finished.set()
+
+    @property
+    def num_attempts(self) -> int:
+        return 0 if self.metrics is None else self.metrics.num_attempts
+
+
+def start_streams(client: GenerationClient, requests: Sequence[Mapping[str, Any]]) -> list[Stream]:
+    return [Stream(request).start(client) for request in requests]
+
+
+def join_streams(streams: Sequence[Stream], timeout_s: float = STREAM_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    for stream in streams:
+        assert stream.finished.wait(max(deadline - time.monotonic(), 0.0)), f"stream {stream.request} hangs"
+
+
+def seconds_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float | None:
+    """How long until `condition` holds (polled); None when it does not within `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(interval_s)
+    return None
+
+
+def pods_of(cluster: LocalCluster, role: PodRole) -> list[PodInfo]:
+    """The registry's live pods of `role`."""
+    return [pod for pod in cluster.pod_infos() if pod.role == role]
+
+
+def kv_at_baseline(cluster: LocalCluster, role: PodRole) -> bool:
+    """Every live pod of `role` holds no KV block for a request (its last heartbeat says so)."""
+    pods = pods_of(cluster, role)
+    return bool(pods) and all(p.num_free_blocks == p.num_total_blocks and p.num_running == 0 for p in pods)
+
+
+def seconds_to_serve(client: GenerationClient, prompt: Sequence[int], timeout_s: float) -> float | None:
+    """How long until a fresh 2-token greedy request succeeds (retried at once on failure); None if none did."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            for _ in client.generate(token_ids=prompt, max_tokens=2, temperature=0.0, timeout_s=timeout_s):
+                pass
+        except grpc.RpcError:
+            continue
+        return time.monotonic() - start
+    return None
+
+
+def kill(cluster: LocalCluster, pod_id: str) -> float:
+    """kill -9 the pod; the time.monotonic() of the kill."""
+    cluster.stop_pod(pod_id, signal.SIGKILL)
+    return time.monotonic()
+
+
+def random_prompt(seed: int, num_tokens: int) -> list[int]:
+    """Token ids drawn from ordinary vocabulary, different for each seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(1_000, 30_000) for _ in range(num_tokens)]

@@ -1,0 +1,119 @@
+"""SIGSTOP a decode pod for twice its KV lease, then SIGCONT (1 prefill + 2 decode pods, --kv-lease-s 3).
+
+While it is stopped the router's keepalive pings go unanswered: its Decode calls fail with UNAVAILABLE within
+seconds, the pod is suspect, and its completions migrate to the other decode pod. A long prompt whose blocks it had
+reserved is still being prefilled and shipped to it; those chunks arrive after the lease lapsed and are refused
+(the reservation ends EXPIRED, never claimed). Once continued, the pod rejoins and serves correct tokens, and no
+KV stays held anywhere.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
+from tests.e2e.support import BLOCK_SIZE, Oracle, run
+from tests.faults.support import (
+    fault_cluster,
+    join_streams,
+    kv_at_baseline,
+    pods_of,
+    random_prompt,
+    seconds_until,
+    start_streams,
+)
+
+KV_LEASE_S = 3.0
+NUM_TOKENS = 32
+LONG_PROMPT_TOKENS = 512
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    log_dir = tmp_path_factory.mktemp("sigstop-logs")
+    with fault_cluster(log_dir, num_prefill=1, num_decode=2, pod_args=("--kv-lease-s", str(KV_LEASE_S))) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    return Oracle()
+
+
+def _free_blocks(cluster: LocalCluster) -> dict[str, int]:
+    return {pod.pod_id: pod.num_free_blocks for pod in pods_of(cluster, "decode")}
+
+
+def _reserving_pod(cluster: LocalCluster, before: dict[str, int]) -> str | None:
+    """The decode pod whose free blocks fell by most of the long prompt's since `before`."""
+    num_blocks = LONG_PROMPT_TOKENS // BLOCK_SIZE - 4
+    dropped = [pod_id for pod_id, free in _free_blocks(cluster).items() if before[pod_id] - free >= num_blocks]
+    return dropped[0] if len(dropped) == 1 else None
+
+
+def test_sigstop_a_decode_pod_for_twice_its_lease(
+    cluster: LocalCluster, oracle: Oracle, record_property: pytest.RecordProperty
+) -> None:
+    prompts = [random_prompt(200 + seed, 40) for seed in range(4)]
+    long_prompt = random_prompt(300, LONG_PROMPT_TOKENS)
+    (expected_long,) = [output.token_ids for output in oracle.greedy([long_prompt], NUM_TOKENS)]
+    requests = [{"token_ids": p, "max_tokens": NUM_TOKENS, "temperature": 0.0, "ignore_eos": True} for p in prompts]
+    with GenerationClient(cluster.router_address) as client:
+        unfailed = start_streams(client, requests)
+        join_streams(unfailed)
+        expected = [s.token_ids for s in unfailed]
+        assert [len(tokens) for tokens in expected] == [NUM_TOKENS] * len(prompts)
+        streams = start_streams(client, requests)
+        assert seconds_until(lambda: all(len(s.token_ids) >= 2 for s in streams), 120.0) is not None
+        before = _free_blocks(cluster)
+        (long_stream,) = start_streams(client, [{"token_ids": long_prompt, "max_tokens": NUM_TOKENS,
+                                                 "temperature": 0.0}])  # fmt: skip
+        assert seconds_until(lambda: _reserving_pod(cluster, before) is not None, 60.0) is not None
+        victim = _reserving_pod(cluster, before)
+        assert victim is not None
+        process = cluster.pods[victim]
+        process.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            time.sleep(2 * KV_LEASE_S)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        join_streams([*streams, long_stream])
+        done_after_stop_s = time.monotonic() - stopped_at
+
+        assert [s.error for s in [*streams, long_stream]] == [None] * 5
+        assert [s.token_ids for s in [*streams, long_stream]] == [*expected, expected_long]
+        migrated = sum(s.num_attempts >= 2 for s in [*streams, long_stream])
+        # NOTE: the router spreads the 4 streams over both decode pods, so the stopped one held some mid-stream.
+        assert sum(s.num_attempts >= 2 for s in streams) >= 1
+        assert long_stream.num_attempts >= 2
+
+        rejoined_at = time.monotonic()
+        served_by_victim = []
+        while time.monotonic() - rejoined_at < 60.0 and not served_by_victim:
+            completion = run(client, **requests[0])
+            assert completion.token_ids == expected[0]
+            if completion.metrics.decode_pod_id == victim:
+                served_by_victim.append(time.monotonic() - rejoined_at)
+        assert served_by_victim, f"{victim} never served again after SIGCONT"
+        # NOTE: the prefill pod too: it freed what it held for the transfer into the stopped pod.
+        kv_back = seconds_until(
+            lambda: kv_at_baseline(cluster, "decode") and kv_at_baseline(cluster, "prefill"), 2 * KV_LEASE_S
+        )
+        assert kv_back is not None
+    # NOTE: the long prompt's reservation lapsed while the pod was stopped; its late chunks found it EXPIRED.
+    log = process.log_path.read_text()
+    assert "ended expired before its claim" in log
+    figures = {
+        "streams": 5, "migrated": migrated, "failed": 0, "done_after_sigstop_s": round(done_after_stop_s, 2),
+        "victim_serves_again_after_s": round(served_by_victim[0], 2), "kv_back_s": round(kv_back, 2),
+    }  # fmt: skip
+    record_property("figures", figures)
+    print(figures)
