@@ -1,20 +1,34 @@
-"""Linear layers that run through the device's kernel set (a one-row GEMV kernel on CUDA, F.linear elsewhere)."""
+"""Linear layers whose weights a `LinearMethod` creates, finishes after loading and applies.
+
+The method is chosen once, at model build, from `quantization` (`engine.layers.quant`): the model code names no
+format. The unquantized method runs the device's kernel set (a one-row GEMV kernel on CUDA, F.linear elsewhere).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from engine.layers.kernels import LayerKernels
+from engine.layers.quant.base import LinearMethod
 
 
-class Linear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int, bias: bool, kernels: LayerKernels) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.kernels = kernels
+class Linear(nn.Module):
+    weight: torch.Tensor
+    """The weight as `method` stores it (e.g. int8 [out, in] beside a `weight_scale`)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethod) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.method = method
+        self.bias: nn.Parameter | None = None
+        method.create_weights(self)
+        if bias:
+            bound = in_features**-0.5
+            self.bias = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.linear(x, self.weight, self.bias)
+        return self.method.apply(self, x)
 
 
 class StackedLinear(Linear):
@@ -27,9 +41,9 @@ class StackedLinear(Linear):
         shard_names: tuple[str, ...],
         shard_sizes: tuple[int, ...],
         bias: bool,
-        kernels: LayerKernels,
+        method: LinearMethod,
     ) -> None:
-        super().__init__(in_features, sum(shard_sizes), bias, kernels)
+        super().__init__(in_features, sum(shard_sizes), bias, method)
         self.shard_names = shard_names
         self.shard_sizes = shard_sizes
 
