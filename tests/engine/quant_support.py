@@ -32,6 +32,18 @@ TEXT_PROMPTS = [
 ]
 
 
+def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy continuations of `prompts` (EOS ignored), in prompt order."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.req_id].extend(out.new_token_ids)
+    return list(outputs.values())
+
+
 def prompt_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
     """Logits [len(prompt), vocab] at every prompt position, in one step through the paged KV path."""
     kv = engine.kv_cache_manager
