@@ -54,7 +54,7 @@ def gguf_tensors(path: Path, cfg: ArchConfig) -> NamedTensors:
 
     reader = GGUFReader(path)
     permuted = str(reader.fields["general.architecture"].contents()) in _PERMUTED_ARCHITECTURES
-    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads}
+    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads} if permuted else {}
     for tensor in reader.tensors:
         if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
             raise InvalidArgumentError(
@@ -65,6 +65,6 @@ def gguf_tensors(path: Path, cfg: ArchConfig) -> NamedTensors:
         name = hf_name(tensor.name)
         weight = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
         module = name.rsplit(".", 1)[0].split(".", 3)[-1]
-        if permuted and module in heads:
+        if module in heads:
             weight = unpermute_heads(weight, heads[module])
         yield name, weight

@@ -13,6 +13,7 @@ The GPU path (a Triton dequantize-in-GEMM keeping int4 weights) is to come behin
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,9 +75,9 @@ class Int4Checkpoint(QuantMethod):
                 raise KeyError(f"{self.name} checkpoint: {prefix} lacks {', '.join(missing)}")
             yield f"{prefix}.weight", self.dequantize(parts)
 
+    @abstractmethod
     def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """One projection's tensors -> its float32 weight [out, in]."""
-        raise NotImplementedError
 
 
 class Gptq(Int4Checkpoint):
