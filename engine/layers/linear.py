@@ -6,10 +6,29 @@ format. The unquantized method runs the device's kernel set (a one-row GEMV kern
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
-from engine.layers.quant.base import LinearMethod
+
+class LinearMethod(ABC):
+    """How a `Linear` stores and runs its weight."""
+
+    def create_weights(self, layer: Linear) -> None:
+        """Register the parameters a checkpoint loads into; default: a float `weight` [out, in] in the default dtype,
+        initialized as nn.Linear does (random-weight models run on it)."""
+        weight = torch.empty(layer.out_features, layer.in_features)
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 (optional hook)
+        """Turn the loaded parameters into the ones `apply` reads (default: nothing to do)."""
+
+    @abstractmethod
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out], bias included."""
 
 
 class Linear(nn.Module):

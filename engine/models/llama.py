@@ -18,8 +18,7 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.kernels import LayerKernels
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import Linear, StackedLinear
-from engine.layers.quant.base import LinearMethod
+from engine.layers.linear import Linear, LinearMethod, StackedLinear
 from engine.layers.quant.unquantized import UnquantizedLinearMethod
 from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from common.errors import InvalidArgumentError
-from engine.layers.quant.base import LinearMethod, NamedTensors, QuantMethod
+from engine.layers.linear import LinearMethod
+from engine.layers.quant.base import NamedTensors, QuantMethod
 
 SUPPORTED_BITS = (4,)
 SUPPORTED_GROUP_SIZES = (128,)

@@ -7,15 +7,11 @@ in the activation dtype (torch on CPU and GPU alike; a fused GPU kernel can repl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
-from engine.layers.quant.base import LinearMethod, QuantMethod
-
-if TYPE_CHECKING:
-    from engine.layers.linear import Linear
+from engine.layers.linear import Linear, LinearMethod
+from engine.layers.quant.base import QuantMethod
 
 INT8_MAX = 127
 

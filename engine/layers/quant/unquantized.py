@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from engine.layers.kernels import LayerKernels
-from engine.layers.quant.base import LinearMethod, QuantMethod
-
-if TYPE_CHECKING:
-    from engine.layers.linear import Linear
+from engine.layers.linear import Linear, LinearMethod
+from engine.layers.quant.base import QuantMethod
 
 
 class UnquantizedLinearMethod(LinearMethod):
