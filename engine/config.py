@@ -13,6 +13,8 @@ from common.config import config_from_args, doc
 from common.errors import InvalidArgumentError
 
 DEFAULT_MODEL = "smollm2-135m"
+QUANTIZATIONS = ("auto", "none", "int8", "fp8", "gptq", "awq")
+KV_CACHE_DTYPES = ("auto", "fp8")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -25,7 +27,9 @@ def _require(ok: bool, field_name: str, message: str) -> None:
 class ModelConfig:
     model: str = field(
         default=DEFAULT_MODEL,
-        metadata=doc("HF model folder (config.json + safetensors) or a packaged alias such as smollm2-135m"),
+        metadata=doc(
+            "HF model folder (config.json + safetensors), a .gguf file, or a packaged alias such as smollm2-135m"
+        ),
     )
     load_format: str = field(
         default="auto",
@@ -38,6 +42,13 @@ class ModelConfig:
         ),
     )
     device: str = field(default="auto", metadata=doc("torch device: auto (cuda if present, else cpu), cpu, cuda"))
+    quantization: str = field(
+        default="auto",
+        metadata=doc(
+            "weight quantization: auto (the checkpoint's quantization_config, else none), none, int8 (weight-only, "
+            "quantized at load), fp8 (CUDA, compute capability >= 8.9), gptq, awq (int4 checkpoints)"
+        ),
+    )
     enforce_eager: bool = field(default=False, metadata=doc("run every step eagerly: no CUDA graphs"))
     seed: int = field(default=0, metadata=doc("seed for weight init of random models and unseeded sampling"))
     max_model_len: int | None = field(
@@ -50,6 +61,11 @@ class ModelConfig:
             self.load_format in ("auto", "dummy"), "load_format", f"must be auto or dummy, got {self.load_format!r}"
         )
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(
+            self.quantization in QUANTIZATIONS,
+            "quantization",
+            f"must be one of {QUANTIZATIONS}, got {self.quantization!r}",
+        )
         _require(
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
             "device",
@@ -75,6 +91,10 @@ class CacheConfig:
         default=0.9, metadata=doc("fraction of GPU memory the engine may use, weights and KV pool together")
     )
     kv_cache_memory_gib: float = field(default=1.0, metadata=doc("KV pool size on CPU, in GiB"))
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=doc("KV cache dtype: auto (the model dtype), fp8 (CUDA, compute capability >= 8.9)"),
+    )
     enable_prefix_caching: bool = field(default=True, metadata=doc("reuse KV blocks of equal prompt prefixes"))
     cache_salt: str | None = field(
         default=None, metadata=doc("mixed into every block hash: caches with different salts never share blocks")
@@ -91,6 +111,11 @@ class CacheConfig:
             0.0 < self.gpu_memory_utilization <= 1.0,
             "gpu_memory_utilization",
             f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        _require(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
         )
         _require(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", f"must be > 0, got {self.kv_cache_memory_gib}")
 

@@ -18,8 +18,9 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
 from engine.cuda_graph import CudaGraphRunner
 from engine.input_batch import InputBatch, ModelInput, PreviousSample
+from engine.layers.quant.registry import check_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
-from engine.models.loader import build_model, load_model
+from engine.models.loader import load_model
 from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -60,11 +61,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
-        if config.model.load_format == "dummy":
-            torch.manual_seed(config.model.seed)
-            self.model = build_model(self.arch, backend, self.dtype, self.device)
-        else:
-            self.model = load_model(model_path, backend, self.dtype, self.device)
+        check_kv_cache_dtype(config.cache.kv_cache_dtype, self.device)
+        self.model = load_model(model_path, config.model, backend, self.dtype, self.device)
         self.num_blocks = self._num_kv_blocks(config.cache)
         self.kv_cache = torch.zeros(
             (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),

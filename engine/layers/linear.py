@@ -1,20 +1,53 @@
-"""Linear layers that run through the device's kernel set (a one-row GEMV kernel on CUDA, F.linear elsewhere)."""
+"""Linear layers whose weights a `LinearMethod` creates, finishes after loading and applies.
+
+The method is chosen once, at model build, from `quantization` (`engine.layers.quant`): the model code names no
+format. The unquantized method runs the device's kernel set (a one-row GEMV kernel on CUDA, F.linear elsewhere).
+"""
 
 from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
 
 import torch
 from torch import nn
 
-from engine.layers.kernels import LayerKernels
+
+class LinearMethod(ABC):
+    """How a `Linear` stores and runs its weight."""
+
+    def create_weights(self, layer: Linear) -> None:
+        """Register the parameters a checkpoint loads into; default: a float `weight` [out, in] in the default dtype,
+        initialized as nn.Linear does (random-weight models run on it)."""
+        weight = torch.empty(layer.out_features, layer.in_features)
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 (optional hook)
+        """Turn the loaded parameters into the ones `apply` reads (default: nothing to do)."""
+
+    @abstractmethod
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out], bias included."""
 
 
-class Linear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int, bias: bool, kernels: LayerKernels) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.kernels = kernels
+class Linear(nn.Module):
+    weight: torch.Tensor
+    """The weight as `method` stores it (e.g. int8 [out, in] beside a `weight_scale`)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethod) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.method = method
+        self.bias: nn.Parameter | None = None
+        method.create_weights(self)
+        if bias:
+            bound = in_features**-0.5
+            self.bias = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.linear(x, self.weight, self.bias)
+        return self.method.apply(self, x)
 
 
 class StackedLinear(Linear):
@@ -27,9 +60,9 @@ class StackedLinear(Linear):
         shard_names: tuple[str, ...],
         shard_sizes: tuple[int, ...],
         bias: bool,
-        kernels: LayerKernels,
+        method: LinearMethod,
     ) -> None:
-        super().__init__(in_features, sum(shard_sizes), bias, kernels)
+        super().__init__(in_features, sum(shard_sizes), bias, method)
         self.shard_names = shard_names
         self.shard_sizes = shard_sizes
 

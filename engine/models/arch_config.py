@@ -31,6 +31,7 @@ class ArchConfig:
     sliding_window: int | None
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
+    quantization_config: dict[str, Any] | None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArchConfig:
@@ -64,6 +65,7 @@ class ArchConfig:
             sliding_window=raw.get("sliding_window") if use_sliding else None,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            quantization_config=raw.get("quantization_config"),
         )
 
     @classmethod

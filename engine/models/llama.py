@@ -18,21 +18,28 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.kernels import LayerKernels
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import Linear, StackedLinear
+from engine.layers.linear import Linear, LinearMethod, StackedLinear
+from engine.layers.quant.unquantized import UnquantizedLinearMethod
 from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
+    def __init__(
+        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = StackedLinear(
-            cfg.hidden_size, ("q_proj", "k_proj", "v_proj"), (q_size, kv_size, kv_size), cfg.attention_bias, kernels
+            cfg.hidden_size,
+            ("q_proj", "k_proj", "v_proj"),
+            (q_size, kv_size, kv_size),
+            cfg.attention_bias,
+            linear_method,
         )
         o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
-        self.o_proj = Linear(q_size, cfg.hidden_size, o_bias, kernels)
+        self.o_proj = Linear(q_size, cfg.hidden_size, o_bias, linear_method)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
         self.eps = cfg.rms_norm_eps
@@ -65,13 +72,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, linear_method: LinearMethod) -> None:
         super().__init__()
         size = cfg.intermediate_size
         self.gate_up_proj = StackedLinear(
-            cfg.hidden_size, ("gate_proj", "up_proj"), (size, size), cfg.mlp_bias, kernels
+            cfg.hidden_size, ("gate_proj", "up_proj"), (size, size), cfg.mlp_bias, linear_method
         )
-        self.down_proj = Linear(size, cfg.hidden_size, cfg.mlp_bias, kernels)
+        self.down_proj = Linear(size, cfg.hidden_size, cfg.mlp_bias, linear_method)
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,10 +86,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
+    def __init__(
+        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, kernels, backend)
-        self.mlp = LlamaMLP(cfg, kernels)
+        self.self_attn = LlamaAttention(cfg, kernels, backend, linear_method)
+        self.mlp = LlamaMLP(cfg, kernels, linear_method)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
@@ -106,7 +115,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
+    def __init__(
+        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.cos_sin: torch.Tensor
@@ -115,7 +126,9 @@ class LlamaModel(nn.Module):
             cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling),
             persistent=False,
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kernels, backend) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, kernels, backend, linear_method) for _ in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
     def forward(
@@ -134,13 +147,16 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`."""
+    """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`. The decoder's projections run
+    `linear_method` (the quantization's); the embedding and lm_head stay in the model dtype."""
 
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend) -> None:
+    def __init__(
+        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+    ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, kernels, backend)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, kernels)
+        self.model = LlamaModel(cfg, kernels, backend, linear_method)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, UnquantizedLinearMethod(kernels))
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

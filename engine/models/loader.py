@@ -1,4 +1,6 @@
-"""Builds a native model from an HF folder and loads its safetensors weights by name.
+"""Builds a native model from an HF folder and loads its weights by name: safetensors, or the GGUF file a GGUF
+model's folder links (`engine.model_store`), each passed through the quantization's `translate`, and finished by
+each linear layer's method once all are in.
 
 Checkpoint projections that the native model runs as one GEMM (q/k/v, gate/up) land in their rows of the
 `StackedLinear` that holds them; `hf_state_dict` gives the model's weights back under the checkpoint's names.
@@ -13,37 +15,70 @@ import torch
 from safetensors import safe_open
 
 from engine.attention.backend import AttentionBackend
+from engine.config import ModelConfig
 from engine.layers.kernels import layer_kernels
-from engine.layers.linear import StackedLinear
+from engine.layers.linear import Linear, StackedLinear
+from engine.layers.quant.base import NamedTensors, QuantMethod
+from engine.layers.quant.registry import resolve_quant_method
+from engine.layers.quant.unquantized import Unquantized, UnquantizedLinearMethod
+from engine.model_store import GGUF_WEIGHTS
 from engine.models.arch_config import ArchConfig
+from engine.models.gguf_reader import gguf_tensors
 from engine.models.llama import LlamaForCausalLM
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build_model(
-    cfg: ArchConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device
+    cfg: ArchConfig,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device,
+    quant: QuantMethod | None = None,
 ) -> LlamaForCausalLM:
-    """The model with freshly initialized weights, created directly on `device` in `dtype`."""
+    """The model with freshly initialized weights, created directly on `device` in `dtype`; its projections run
+    `quant`'s linear method (default: unquantized) once `process_weights_after_loading` has run."""
+    kernels = layer_kernels(device)
+    linear_method = (quant or Unquantized()).linear_method(UnquantizedLinearMethod(kernels))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, layer_kernels(device), backend)
+            model = LlamaForCausalLM(cfg, kernels, backend, linear_method)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
 
 
-def _checkpoint_files(folder: Path) -> list[Path]:
+@torch.no_grad()
+def process_weights_after_loading(model: LlamaForCausalLM) -> None:
+    """Let every linear layer's method finish its loaded weights (e.g. float -> int8 + scales)."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.method.process_weights_after_loading(module)
+
+
+def _safetensors(folder: Path) -> NamedTensors:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / n for n in names]
-    files = sorted(folder.glob("*.safetensors"))
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors checkpoint in {folder}")
-    return files
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
+
+
+def checkpoint_tensors(folder: Path, cfg: ArchConfig) -> NamedTensors:
+    """The checkpoint's (name, tensor) pairs under HF names: its safetensors, or its GGUF file dequantized."""
+    gguf_file = folder / GGUF_WEIGHTS
+    if gguf_file.exists():
+        return gguf_tensors(gguf_file, cfg)
+    return _safetensors(folder)
 
 
 def _stacked_target(model: LlamaForCausalLM, name: str) -> tuple[str, slice] | None:
@@ -63,28 +98,26 @@ def _stacked_target(model: LlamaForCausalLM, name: str) -> tuple[str, slice] | N
 
 
 @torch.no_grad()
-def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
+def load_weights(model: LlamaForCausalLM, tensors: NamedTensors, source: Path) -> None:
     """Copy every checkpoint tensor into its parameter (or its rows of a stacked one); all must be covered."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for path in _checkpoint_files(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                # NOTE: a tied lm_head is the embedding parameter itself; some checkpoints store it anyway.
-                tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
-                if name.endswith(_IGNORED_SUFFIXES) or tied_head:
-                    continue
-                target = name if name in params else None
-                rows = slice(None)
-                if target is None and (stacked := _stacked_target(model, name)) is not None:
-                    target, rows = stacked
-                if target is None:
-                    raise KeyError(f"{path.name}: unexpected weight {name!r} for {model.config.architecture}")
-                params[target][rows].copy_(f.get_tensor(name))
-                loaded.add(name)
+    for name, tensor in tensors:
+        # NOTE: a tied lm_head is the embedding parameter itself; some checkpoints store it anyway.
+        tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
+        if name.endswith(_IGNORED_SUFFIXES) or tied_head:
+            continue
+        target = name if name in params else None
+        rows = slice(None)
+        if target is None and (stacked := _stacked_target(model, name)) is not None:
+            target, rows = stacked
+        if target is None:
+            raise KeyError(f"{source.name}: unexpected weight {name!r} for {model.config.architecture}")
+        params[target][rows].copy_(tensor)
+        loaded.add(name)
     missing = set(hf_names(model)) - loaded
     if missing:
-        raise KeyError(f"checkpoint in {folder} lacks weights: {sorted(missing)[:5]}")
+        raise KeyError(f"checkpoint in {source} lacks weights: {sorted(missing)[:5]}")
 
 
 def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
@@ -107,7 +140,18 @@ def hf_names(model: LlamaForCausalLM) -> list[str]:
     return list(hf_state_dict(model))
 
 
-def load_model(folder: Path, backend: AttentionBackend, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    model = build_model(ArchConfig.from_folder(folder), backend, dtype, device)
-    load_weights(model, folder)
+def load_model(
+    folder: Path, model_config: ModelConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device
+) -> LlamaForCausalLM:
+    """The model of `folder` as `model_config` asks: its checkpoint's weights (or random ones for
+    load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint."""
+    cfg = ArchConfig.from_folder(folder)
+    quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device)
+    dummy = model_config.load_format == "dummy"
+    if dummy:
+        torch.manual_seed(model_config.seed)
+    model = build_model(cfg, backend, dtype, device, quant)
+    if not dummy:
+        load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
+    process_weights_after_loading(model)
     return model

@@ -69,7 +69,7 @@ def test_folder_with_config_resolves_to_itself(tmp_path: Path) -> None:
     [
         (lambda root: root / "missing", "is neither a packaged alias (smollm2-135m) nor an existing folder"),
         (lambda root: root, "has no config.json; expected a Hugging Face model folder"),
-        (lambda root: _file(root / "weights.bin"), "is a file; expected a Hugging Face model folder"),
+        (lambda root: _file(root / "weights.bin"), "is a file; expected a Hugging Face model folder or a .gguf file"),
     ],
 )
 def test_bad_model_names_raise_invalid_argument(tmp_path: Path, make: Callable[[Path], Path], expected: str) -> None:

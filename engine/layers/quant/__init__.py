@@ -1,0 +1,1 @@
+"""Weight quantization: one `QuantMethod` per format, chosen once at load (`resolve_quant_method`)."""

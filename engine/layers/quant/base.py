@@ -1,0 +1,35 @@
+"""The seam every weight format plugs into.
+
+A `QuantMethod` is chosen once per model load. It does two things:
+1. `translate` turns the checkpoint's tensors into the tensors the model's parameters take (int4 checkpoints
+   dequantize here; float checkpoints pass through);
+2. `linear_method` gives the `LinearMethod` (engine.layers.linear) of the decoder's projections: it creates a
+   layer's parameters, finishes them once every weight is loaded (`process_weights_after_loading`, e.g.
+   float -> int8 + scales) and runs the layer (`apply`).
+The embedding and `lm_head` always use the unquantized method: the model code names no format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import torch
+
+from engine.layers.linear import LinearMethod
+
+NamedTensors = Iterator[tuple[str, torch.Tensor]]
+
+
+class QuantMethod(ABC):
+    """One weight format: what it reads from a checkpoint and how the decoder's projections run."""
+
+    name: str
+
+    @abstractmethod
+    def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
+        """The method of the decoder's projections (`unquantized` is the device's float method)."""
+
+    def translate(self, tensors: NamedTensors) -> NamedTensors:
+        """The checkpoint's (name, tensor) pairs as the model's parameters take them (default: as they are)."""
+        return tensors
