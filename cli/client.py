@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from common.grpc_server import message_size_options
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 _SAMPLING_FIELDS = sampling_pb2.SamplingParams.DESCRIPTOR.fields_by_name
@@ -64,7 +65,7 @@ class GenerationClient:
     """One channel to a pdserve router; `generate` may be called from many threads at once."""
 
     def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=message_size_options())
         self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
 
     def generate(

@@ -28,7 +28,7 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
-from common.grpc_server import HealthState, add_standard_services
+from common.grpc_server import HealthState, add_standard_services, message_size_options
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing
@@ -67,7 +67,8 @@ class PodRuntime:
         self.metrics_port: int | None = None
         # NOTE: tracing first, so that its SERVER span sees the status the ErrorInterceptor sets.
         self.server = grpc.aio.server(
-            interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)]
+            interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)],
+            options=message_size_options(),
         )
         self.stopping = stopping or asyncio.Event()
         self.address = ""

@@ -18,6 +18,7 @@ import grpc.aio
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import bad_request_fields
+from common.grpc_server import message_size_options
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
 from kv_transfer.target import KVTarget
@@ -50,7 +51,9 @@ class PodClient:
     def __init__(self, pod_id: str, address: str, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> None:
         self.pod_id = pod_id
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors) or None)
+        self._channel = grpc.aio.insecure_channel(
+            address, options=message_size_options(), interceptors=list(interceptors) or None
+        )
         self._prefill = prefill_pb2_grpc.PrefillServiceStub(self._channel)
         self._decode = decode_pb2_grpc.DecodeServiceStub(self._channel)
 
