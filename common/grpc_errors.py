@@ -135,9 +135,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         """Wraps a coroutine handler: a unary one, or a streaming one that writes with context.write."""
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if isinstance(request, UnparsedRequest):
+                await _abort_unparsed(context, request)
             try:
-                if isinstance(request, UnparsedRequest):
-                    raise request.error
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 raise
@@ -150,9 +150,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         """Wraps an async-generator handler."""
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            if isinstance(request, UnparsedRequest):
+                await _abort_unparsed(context, request)
             try:
-                if isinstance(request, UnparsedRequest):
-                    raise request.error
                 async for response in behavior(request, context):
                     yield response
             except grpc.aio.AbortError:
@@ -161,6 +161,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await abort_with(context, exc, self._field_paths, self._retry_delay_s)
 
         return wrapped
+
+
+async def _abort_unparsed(context: grpc.aio.ServicerContext[Any, Any], request: UnparsedRequest) -> NoReturn:
+    # NOTE: the error names a field path of the request message itself: no engine field name to map.
+    await abort_with(context, request.error, field_paths={})
 
 
 def _rich(code: int, message: str, detail: Any) -> grpc.Status:

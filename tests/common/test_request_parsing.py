@@ -69,7 +69,8 @@ async def test_the_interceptor_answers_invalid_argument_without_calling_the_hand
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     servicer = _Recording()
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()])
+    # NOTE: the field paths map engine names; a field of the request message itself must not be mapped.
+    server = grpc.aio.server(interceptors=[ErrorInterceptor({"text": "engine.prompt"})])
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
