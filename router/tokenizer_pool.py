@@ -115,10 +115,12 @@ def _worker_main(conn: Connection, folder: Path) -> None:
             reply = (request_id, _INVALID, str(exc))
         except Exception as exc:
             reply = (request_id, _ERROR, repr(exc))
-        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        # NOTE: trimmed before the reply goes out, so the worker is back at its baseline when the caller has it.
         if _input_chars(arg) > TRIM_AFTER_CHARS:
             del arg, reply
             release_memory()
+        conn.send_bytes(data)
 
 
 class _Worker:
