@@ -146,6 +146,8 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
                          "fields": len(report.fields)}  # fmt: skip
     exited = cluster.poll_exited()
     assert exited is None, f"{exited.name} exited with {exited.returncode}:\n{exited.log_tail()}"
+    logged = {path.name: path.read_text(errors="replace").count("Traceback") for path in cluster.log_dir.glob("*.log")}
+    assert set(logged.values()) == {0}, logged
     started = time.monotonic()
     assert wait_until(lambda: kv_at_baseline(cluster), KV_BASELINE_TIMEOUT_S), cluster.pod_infos()
     figures["kv_back_to_baseline_s"] = round(time.monotonic() - started, 1)
