@@ -47,9 +47,14 @@ class InputChecks:
             )
 
     def check_prompt_bytes(self, text: str | None, messages: Sequence[ChatMessage] | None) -> None:
-        """A text or chat prompt is at most max_prompt_bytes of UTF-8, checked before it is tokenized."""
+        """A text or chat prompt is at most max_prompt_bytes of UTF-8, checked before it is tokenized; a chat has at
+        most max_model_len messages (the template spends at least one token on each)."""
         if messages is not None:
             field = "messages"
+            if len(messages) > self._max_model_len:
+                raise InvalidArgumentError(
+                    field, f"at most {self._max_model_len} messages (max_model_len), got {len(messages)}"
+                )
             size = sum(len(m.role.encode()) + len(m.content.encode()) for m in messages)
         else:
             field = "text"

@@ -379,6 +379,11 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
             "messages",
             "prompt of 1048577 bytes exceeds the limit of 1048576 bytes",
         ),
+        (
+            {"messages": generation_pb2.ChatMessages(messages=[generation_pb2.ChatMessage()] * 8193)},
+            "messages",
+            "at most 8192 messages (max_model_len), got 8193",
+        ),
         # a prompt too long for the model names the prompt, not max_tokens
         ({"text": " hello" * 9000}, "text", "prompt of 9000 tokens leaves no room in max_model_len 8192"),
         (
