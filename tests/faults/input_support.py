@@ -28,6 +28,8 @@ PARIS_PROMPT = "The capital of France is"
 PARIS = " Paris."
 """SmolLM2-135M-Instruct's greedy 2-token answer to PARIS_PROMPT."""
 CALL_TIMEOUT_S = 120.0
+KV_LEASE_S = 5.0
+"""The fault cluster's --kv-lease-s: reservations that valid fuzzed Reserve calls leave behind lapse with it."""
 FAILURE_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,20 +15,14 @@ from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from tests.e2e.support import BLOCK_SIZE, run, sequential, token_prefix, wait_until, with_suffix
 from tests.e2e.test_redis_outage import cached_blocks, registered_and_seen
-from tests.faults.input_support import PARIS, answers_paris, fault_cluster, kv_at_baseline
+from tests.faults.input_support import PARIS, answers_paris, kv_at_baseline
 
 NUM_CLIENTS = 4
 REQUESTS_PER_CLIENT = 10
 OUTAGE_S = 3.0
 """Five registry TTLs (3 heartbeats of 0.2 s each): the pods' entries would have lapsed many times over."""
-PROMPT_TOKENS = 96
+PROMPT_TOKENS = 32
 PREFIX_TOKENS = 128
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with fault_cluster(tmp_path_factory.mktemp("redis-restart-logs"), num_prefill=2) as cluster:
-        yield cluster
 
 
 class SteadyClient:
@@ -45,28 +38,30 @@ class SteadyClient:
         with GenerationClient(self.address) as client:
             for _ in range(count):
                 try:
-                    self.outputs.append(run(client, token_ids=self.prompt, max_tokens=4, temperature=0.0).token_ids)
+                    self.outputs.append(run(client, token_ids=self.prompt, max_tokens=2, temperature=0.0).token_ids)
                 except Exception as exc:
                     self.errors.append(repr(exc))
 
 
 @pytest.mark.slow
-def test_forty_requests_succeed_across_a_redis_restart_and_directory_routing_resumes(cluster: LocalCluster) -> None:
+def test_forty_requests_succeed_across_a_redis_restart_and_directory_routing_resumes(
+    input_cluster: LocalCluster,
+) -> None:
     prompts = [token_prefix(seed=50 + i)[:PROMPT_TOKENS] for i in range(NUM_CLIENTS)]
-    with GenerationClient(cluster.router_address) as client:
-        expected = [run(client, token_ids=p, max_tokens=4, temperature=0.0).token_ids for p in prompts]
-    clients = [SteadyClient(cluster.router_address, p) for p in prompts]
+    with GenerationClient(input_cluster.router_address) as client:
+        expected = [run(client, token_ids=p, max_tokens=2, temperature=0.0).token_ids for p in prompts]
+    clients = [SteadyClient(input_cluster.router_address, p) for p in prompts]
     threads = [threading.Thread(target=c.run, args=(REQUESTS_PER_CLIENT,)) for c in clients]
     for thread in threads:
         thread.start()
     assert wait_until(lambda: sum(len(c.outputs) for c in clients) >= NUM_CLIENTS, 60.0)
     num_before = sum(len(c.outputs) for c in clients)
-    cluster.stop_redis()
+    input_cluster.stop_redis()
     time.sleep(OUTAGE_S)
     num_during = sum(len(c.outputs) for c in clients) - num_before
-    cluster.start_redis()
+    input_cluster.start_redis()
     restarted = time.monotonic()
-    assert wait_until(lambda: registered_and_seen(cluster), 10.0), cluster.pod_infos()
+    assert wait_until(lambda: registered_and_seen(input_cluster), 10.0), input_cluster.pod_infos()
     registered_s = time.monotonic() - restarted
     for thread in threads:
         thread.join(300.0)
@@ -74,23 +69,23 @@ def test_forty_requests_succeed_across_a_redis_restart_and_directory_routing_res
     for c, tokens in zip(clients, expected, strict=True):
         assert c.outputs == [tokens] * REQUESTS_PER_CLIENT
     prefix = token_prefix(seed=60)[:PREFIX_TOKENS]
-    with GenerationClient(cluster.router_address) as client:
+    with GenerationClient(input_cluster.router_address) as client:
         after = sequential(client, prefix, 3)
     served = [(c.metrics.prefill_pod_id, c.usage.cached_prompt_tokens) for c in after]
     assert served[1:] == [(served[0][0], PREFIX_TOKENS)] * 2, served
-    live = {p.pod_id: p.generation for p in cluster.pod_infos() if p.role == "prefill"}
+    live = {p.pod_id: p.generation for p in input_cluster.pod_infos() if p.role == "prefill"}
     published = wait_until(
         lambda: (
-            cached_blocks(cluster.redis_url, with_suffix(prefix, 0), live).get(served[0][0], 0)
+            cached_blocks(input_cluster.redis_url, with_suffix(prefix, 0), live).get(served[0][0], 0)
             >= PREFIX_TOKENS // BLOCK_SIZE
         ),
         5.0,
     )
-    assert published, cached_blocks(cluster.redis_url, with_suffix(prefix, 0), live)
+    assert published, cached_blocks(input_cluster.redis_url, with_suffix(prefix, 0), live)
     started = time.monotonic()
-    assert wait_until(lambda: kv_at_baseline(cluster), 30.0), cluster.pod_infos()
+    assert wait_until(lambda: kv_at_baseline(input_cluster), 30.0), input_cluster.pod_infos()
     kv_s = time.monotonic() - started
-    with GenerationClient(cluster.router_address) as client:
+    with GenerationClient(input_cluster.router_address) as client:
         assert answers_paris(client) == PARIS
     print(json.dumps({
         "requests": NUM_CLIENTS * REQUESTS_PER_CLIENT, "failed": 0, "redis_down_s": OUTAGE_S,

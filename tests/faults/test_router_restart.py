@@ -8,7 +8,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -16,19 +15,13 @@ import pytest
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from tests.e2e.support import run, wait_until
-from tests.faults.input_support import PARIS, answers_paris, fault_cluster, kv_at_baseline
+from tests.faults.input_support import PARIS, answers_paris, kv_at_baseline
 
 NUM_CLIENTS = 4
 REQUESTS_PER_CLIENT = 10
 PROMPTS = [f"Tell me one fact about the number {i}." for i in range(NUM_CLIENTS)]
 RETRY_DEADLINE_S = 90.0
 RETRY_INTERVAL_S = 0.1
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with fault_cluster(tmp_path_factory.mktemp("router-restart-logs")) as cluster:
-        yield cluster
 
 
 class RetryingClient:
@@ -64,10 +57,10 @@ class RetryingClient:
 
 
 @pytest.mark.slow
-def test_clients_retrying_on_unavailable_are_served_after_a_router_restart(cluster: LocalCluster) -> None:
-    with GenerationClient(cluster.router_address) as client:
+def test_clients_retrying_on_unavailable_are_served_after_a_router_restart(input_cluster: LocalCluster) -> None:
+    with GenerationClient(input_cluster.router_address) as client:
         expected = [run(client, prompt=p, max_tokens=8, temperature=0.0).token_ids for p in PROMPTS]
-    clients = [RetryingClient(cluster.router_address) for _ in PROMPTS]
+    clients = [RetryingClient(input_cluster.router_address) for _ in PROMPTS]
     threads = [
         threading.Thread(target=c.run, args=(p, REQUESTS_PER_CLIENT)) for c, p in zip(clients, PROMPTS, strict=True)
     ]
@@ -75,7 +68,7 @@ def test_clients_retrying_on_unavailable_are_served_after_a_router_restart(clust
         thread.start()
     assert wait_until(lambda: sum(len(c.successes) for c in clients) >= NUM_CLIENTS, 60.0)
     killed = time.monotonic()
-    cluster.restart_router(signal.SIGKILL)
+    input_cluster.restart_router(signal.SIGKILL)
     serving_after_s = time.monotonic() - killed
     for thread in threads:
         thread.join(RETRY_DEADLINE_S * REQUESTS_PER_CLIENT)
@@ -90,7 +83,7 @@ def test_clients_retrying_on_unavailable_are_served_after_a_router_restart(clust
         "router_serving_after_s": round(serving_after_s, 1),
         "gap_kill_to_first_success_s": round(first_after - killed, 1),
     }  # fmt: skip
-    assert wait_until(lambda: kv_at_baseline(cluster), 30.0), cluster.pod_infos()
-    with GenerationClient(cluster.router_address) as client:
+    assert wait_until(lambda: kv_at_baseline(input_cluster), 30.0), input_cluster.pod_infos()
+    with GenerationClient(input_cluster.router_address) as client:
         assert answers_paris(client) == PARIS
     print(json.dumps(figures))
