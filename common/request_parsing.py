@@ -35,6 +35,8 @@ def tolerant_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callabl
     """`deserialize` (a message class's FromString) that returns an UnparsedRequest instead of raising."""
     if deserialize is None:
         return None
+    # NOTE: generated handlers pass `<Message>.FromString`, bound to the message class; any other parser still
+    # gets its errors reported, naming the whole request.
     descriptor: Descriptor | None = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
 
     def parse(data: bytes) -> Any:

@@ -77,8 +77,10 @@ class CacheConfig:
     kv_cache_memory_gib: float = field(default=1.0, metadata=doc("KV pool size on CPU, in GiB"))
     enable_prefix_caching: bool = field(default=True, metadata=doc("reuse KV blocks of equal prompt prefixes"))
     cache_salt: str | None = field(
-        default=None, metadata=doc("mixed into every block hash: caches with different salts never share blocks")
-    )
+        default=None,
+        metadata=doc("mixed into every block hash: caches with different salts never share blocks (a request's own "
+                     "cache_salt replaces it for that request)"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(
