@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from common.auth import bearer_metadata
+from common.grpc_server import message_size_options
 from common.tls import ChannelSecurity
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
@@ -67,7 +68,7 @@ class GenerationClient:
 
     def __init__(self, address: str, token: str | None = None, security: ChannelSecurity | None = None) -> None:
         self._metadata = bearer_metadata(token)
-        self._channel = (security or ChannelSecurity()).channel(address)
+        self._channel = (security or ChannelSecurity()).channel(address, message_size_options())
         self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
 
     def generate(

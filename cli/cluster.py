@@ -147,6 +147,15 @@ class LocalCluster:
         """The registry's view of every live pod (sorted by pod id)."""
         return self._run(_list_pods(self.redis_url))
 
+    def restart_router(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Send `sig` to the router, reap it (killing it after stop_timeout_s) and start a new one on the same port;
+        returns once it serves."""
+        if self.router is not None:
+            self.router.send_signal(sig)
+            self.router.wait_or_kill(self.config.stop_timeout_s)
+        self.router = self._spawn_router()
+        self._run(self._wait_serving([self.router], []))
+
     def stop_redis(self) -> None:
         """Stop the cluster's own redis-server (its port stays reserved for `start_redis`)."""
         self._owned_redis().stop()

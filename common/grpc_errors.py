@@ -25,6 +25,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
+from common.request_parsing import UnparsedRequest, tolerant_deserializer
 from pdserve.v1 import sampling_pb2
 
 logger = logging.getLogger(__name__)
@@ -109,8 +110,9 @@ _Behavior = Callable[..., Any]
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Server interceptor that reports whatever an async unary or server-streaming handler raises
-    through `abort_with`, so servicers simply raise. Sync and client-streaming handlers pass through
-    untouched."""
+    through `abort_with`, so servicers simply raise. A request message that does not parse reaches no
+    handler: it is reported as INVALID_ARGUMENT (`common.request_parsing`). Sync and client-streaming
+    handlers pass through untouched."""
 
     def __init__(
         self, field_paths: Mapping[str, str] = FIELD_PATHS, retry_delay_s: float = DEFAULT_RETRY_DELAY_S
@@ -126,27 +128,28 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
-        if handler.response_streaming and handler.unary_stream is not None:
-            wrap = self._wrap_async_gen if inspect.isasyncgenfunction(handler.unary_stream) else self._wrap_coroutine
-            return grpc.unary_stream_rpc_method_handler(
-                wrap(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_coroutine(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        if inspect.isasyncgenfunction(behavior):
+            wrapped = self._wrap_async_gen(behavior)
+        elif inspect.iscoroutinefunction(behavior):
+            wrapped = self._wrap_coroutine(behavior)
+        else:
+            return handler
+        make = (
+            grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            wrapped,
+            request_deserializer=tolerant_deserializer(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
 
     def _wrap_coroutine(self, behavior: _Behavior) -> _Behavior:
         """Wraps a coroutine handler: a unary one, or a streaming one that writes with context.write."""
-        if not inspect.iscoroutinefunction(behavior):
-            return behavior
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if isinstance(request, UnparsedRequest):
+                await _abort_unparsed(context, request)
             try:
                 return await behavior(request, context)
             except grpc.aio.AbortError:
@@ -160,6 +163,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         """Wraps an async-generator handler."""
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            if isinstance(request, UnparsedRequest):
+                await _abort_unparsed(context, request)
             try:
                 async for response in behavior(request, context):
                     yield response
@@ -169,6 +174,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await abort_with(context, exc, self._field_paths, self._retry_delay_s)
 
         return wrapped
+
+
+async def _abort_unparsed(context: grpc.aio.ServicerContext[Any, Any], request: UnparsedRequest) -> NoReturn:
+    # NOTE: the error names a field path of the request message itself: no engine field name to map.
+    await abort_with(context, request.error, field_paths={})
 
 
 def _rich(code: int, message: str, detail: Any) -> grpc.Status:

@@ -16,6 +16,18 @@ from common.tls import ChannelSecurity
 _POLL_INTERVAL_S = 0.05
 _MAX_POLL_INTERVAL_S = 0.5
 
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The gRPC message size limit of pdserve's servers and channels unless configured (gRPC's own default is 4 MiB)."""
+
+
+def message_size_options(max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Server or channel options that set the largest message received and sent to `max_bytes`.
+
+    NOTE: set explicitly on both ends: a larger message is refused by gRPC itself with RESOURCE_EXHAUSTED, whose
+    details name the limit ("... larger than max (<size> vs. <limit>)").
+    """
+    return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
+
 
 class HealthState:
     """The health a server reports, for the whole server ("") and each of its services at once.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from common.errors import InvalidArgumentError
+
+GREEDY_TEMPERATURE = 1e-5
+"""A temperature below this is greedy (as in vLLM): dividing logits by a tiny one overflows to inf."""
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -16,8 +21,9 @@ def _require(ok: bool, field_name: str, message: str) -> None:
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature == 0 is greedy. top_k == -1 and top_p == 1 and min_p == 0 disable those filters.
-    `seed` makes a request's samples reproducible, whatever else is in its batch.
+    temperature == 0 is greedy, and so is any temperature below GREEDY_TEMPERATURE (it becomes 0).
+    top_k == -1 and top_p == 1 and min_p == 0 disable those filters.
+    `seed` (an int64) makes a request's samples reproducible, whatever else is in its batch.
     """
 
     n: int = 1
@@ -42,11 +48,22 @@ class SamplingParams:
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
-        _require(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _require(0.0 <= self.temperature < math.inf, "temperature", f"must be finite and >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         _require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _require(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        _require(
+            0.0 < self.repetition_penalty < math.inf,
+            "repetition_penalty",
+            f"must be finite and > 0, got {self.repetition_penalty}",
+        )
+        _require(
+            self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX,
+            "seed",
+            f"must be a signed 64-bit integer, got {self.seed}",
+        )
         _require(
             -2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}"
         )
@@ -66,3 +83,11 @@ class SamplingParams:
     @property
     def has_penalty(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def completion_seed(seed: int | None, index: int) -> int | None:
+    """The seed of completion `index` of a request seeded `seed`: seed + index (as vLLM does), wrapped into int64
+    so that a seed near 2**63 with n > 1 stays a valid seed."""
+    if seed is None:
+        return None
+    return (seed + index - _INT64_MIN) % 2**64 + _INT64_MIN

@@ -99,10 +99,10 @@ class ChannelSecurity:
             address, self.credentials, options=self._options(options), interceptors=list(interceptors) or None
         )
 
-    def channel(self, address: str) -> grpc.Channel:
+    def channel(self, address: str, options: Sequence[tuple[str, str | int]] = ()) -> grpc.Channel:
         if self.credentials is None:
-            return grpc.insecure_channel(address)
-        return grpc.secure_channel(address, self.credentials, options=self._options(()))
+            return grpc.insecure_channel(address, options=list(options))
+        return grpc.secure_channel(address, self.credentials, options=self._options(options))
 
 
 def client_security(

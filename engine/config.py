@@ -97,8 +97,10 @@ class CacheConfig:
     )
     enable_prefix_caching: bool = field(default=True, metadata=doc("reuse KV blocks of equal prompt prefixes"))
     cache_salt: str | None = field(
-        default=None, metadata=doc("mixed into every block hash: caches with different salts never share blocks")
-    )
+        default=None,
+        metadata=doc("mixed into every block hash: caches with different salts never share blocks (a request's own "
+                     "cache_salt replaces it for that request)"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(

@@ -70,15 +70,18 @@ class KVCacheManager:
         """The request's block table (empty for an unknown request)."""
         return list(self._req_block_ids.get(req_id, ()))
 
-    def get_computed_blocks(self, req_id: str, token_ids: Sequence[int]) -> tuple[list[KVBlock], int]:
-        """Longest verified cached prefix of full blocks, and its length in tokens.
+    def get_computed_blocks(
+        self, req_id: str, token_ids: Sequence[int], extra_keys: tuple[str, ...] | None = None
+    ) -> tuple[list[KVBlock], int]:
+        """Longest verified cached prefix of full blocks, and its length in tokens. `extra_keys`: the request's own
+        block hash keys (e.g. with its cache salt); None: the manager's.
 
         At least one token is always left to compute (the step must produce logits), so at most
         `(len(token_ids) - 1) // block_size` blocks are returned. No ref counts change.
         """
         if not self.enable_prefix_caching:
             return [], 0
-        block_hashes = self._block_hashes(req_id, token_ids)
+        block_hashes = self._block_hashes(req_id, token_ids, extra_keys)
         max_blocks = max(len(token_ids) - 1, 0) // self.block_size
         computed: list[KVBlock] = []
         for i, block_hash in enumerate(block_hashes[:max_blocks]):
@@ -125,8 +128,11 @@ class KVCacheManager:
         self._req_block_ids[req_id].extend(new_ids)
         return new_ids
 
-    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Cache the request's blocks that are full and fully computed, in order, each once."""
+    def cache_blocks(
+        self, req_id: str, token_ids: Sequence[int], num_computed_tokens: int, extra_keys: tuple[str, ...] | None = None
+    ) -> None:
+        """Cache the request's blocks that are full and fully computed, in order, each once (hashed with
+        `extra_keys`, as in `get_computed_blocks`)."""
         if not self.enable_prefix_caching:
             return
         num_cached = self._num_cached_blocks[req_id]
@@ -136,7 +142,7 @@ class KVCacheManager:
         num_full = min(num_computed_tokens // self.block_size, len(token_ids) // self.block_size, len(blocks))
         if num_full <= num_cached:
             return
-        block_hashes = self._block_hashes(req_id, token_ids)
+        block_hashes = self._block_hashes(req_id, token_ids, extra_keys)
         for i in range(num_cached, num_full):
             start = i * self.block_size
             self.block_pool.cache_full_block(
@@ -165,11 +171,14 @@ class KVCacheManager:
         """Cache events since the last call, for the directory publisher."""
         return self.block_pool.take_events()
 
-    def _block_hashes(self, req_id: str, token_ids: Sequence[int]) -> list[BlockHash]:
+    def _block_hashes(
+        self, req_id: str, token_ids: Sequence[int], extra_keys: tuple[str, ...] | None
+    ) -> list[BlockHash]:
         """The request's chained hashes of its full blocks, extended for tokens added since last time."""
         block_hashes = self._req_block_hashes.setdefault(req_id, [])
+        keys = self.extra_keys if extra_keys is None else extra_keys
         for i in range(len(block_hashes), len(token_ids) // self.block_size):
             start = i * self.block_size
             parent = block_hashes[-1] if block_hashes else None
-            block_hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size], self.extra_keys))
+            block_hashes.append(hash_block_tokens(parent, token_ids[start : start + self.block_size], keys))
         return block_hashes

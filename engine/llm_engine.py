@@ -78,12 +78,23 @@ class LLMEngine:
             )
 
     def add_request(
-        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams, hold_kv: bool = False
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        hold_kv: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. With `hold_kv` (prefill pods) its blocks outlive it until `release_kv`."""
+        """Queue a request. With `hold_kv` (prefill pods) its blocks outlive it until `release_kv`. A `cache_salt`
+        keys its prefix cache blocks instead of the engine's --cache-salt: it shares blocks only with that salt."""
         self.validate(prompt_token_ids, params)
         self._check_new_id(req_id)
-        self.scheduler.add_request(Request(req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv))
+        extra_keys = None if cache_salt is None else block_extra_keys(self.config.model.model, cache_salt)
+        self.scheduler.add_request(
+            Request(
+                req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv, block_extra_keys=extra_keys
+            )
+        )
 
     def _check_new_id(self, req_id: str) -> None:
         if req_id in self.scheduler.requests or req_id in self.scheduler.held_kv:

@@ -36,6 +36,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
         hold_kv: bool = False,
+        block_extra_keys: tuple[str, ...] | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = prompt_token_ids
@@ -55,6 +56,8 @@ class Request:
         self.stop_reason: int | None = None
         # NOTE: a prefill pod's request keeps its blocks after finishing, until its KV has been shipped.
         self.hold_kv = hold_kv
+        # NOTE: the extra keys of its block hashes (model id, per-request cache salt); None: the pool's own.
+        self.block_extra_keys = block_extra_keys
 
     @property
     def num_tokens(self) -> int:

@@ -163,7 +163,9 @@ class Scheduler:
                 # Prefilled elsewhere: its prompt KV already sits in blocks it holds.
                 computed_blocks, num_computed = [], request.num_computed_tokens
             else:
-                computed_blocks, num_computed = self.kv.get_computed_blocks(request.req_id, request.all_token_ids)
+                computed_blocks, num_computed = self.kv.get_computed_blocks(
+                    request.req_id, request.all_token_ids, request.block_extra_keys
+                )
             num_new = min(request.num_tokens - num_computed, self.config.chunk_size, budget)
             if self.kv.allocate_slots(request.req_id, num_computed + num_new, computed_blocks) is None:
                 break
@@ -209,7 +211,9 @@ class Scheduler:
         for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):
             status = request.status
             if status is RequestStatus.RUNNING:
-                self.kv.cache_blocks(request.req_id, request.all_token_ids, request.num_computed_tokens)
+                self.kv.cache_blocks(
+                    request.req_id, request.all_token_ids, request.num_computed_tokens, request.block_extra_keys
+                )
             elif status is not RequestStatus.PREEMPTED:
                 continue  # finished or aborted while in flight
             if scheduled.sample:

@@ -52,7 +52,10 @@ def backend_to_pb(backend: str) -> kv_transfer_pb2.TransferBackend.ValueType:
 def backend_from_pb(pb: kv_transfer_pb2.TransferBackend.ValueType, field: str) -> str:
     name = _BACKEND_NAMES.get(pb)
     if name is None:
-        raise InvalidArgumentError(field, f"unsupported KV transfer backend {kv_transfer_pb2.TransferBackend.Name(pb)}")
+        # NOTE: an open enum: a value this build does not know is kept as a number, and Name() would raise.
+        known = pb in kv_transfer_pb2.TransferBackend.values()
+        label = kv_transfer_pb2.TransferBackend.Name(pb) if known else str(pb)
+        raise InvalidArgumentError(field, f"unsupported KV transfer backend {label}")
     return name
 
 

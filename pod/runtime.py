@@ -29,7 +29,7 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
-from common.grpc_server import HealthState, add_port, add_standard_services
+from common.grpc_server import HealthState, add_port, add_standard_services, message_size_options
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing
@@ -74,7 +74,11 @@ class PodRuntime:
         # stopped or vanished pod in seconds; the server's defaults would answer such pings with GOAWAY.
         self.server = grpc.aio.server(
             interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)],
-            options=[("grpc.http2.min_ping_interval_without_data_ms", 500), ("grpc.keepalive_permit_without_calls", 1)],
+            options=[
+                ("grpc.http2.min_ping_interval_without_data_ms", 500),
+                ("grpc.keepalive_permit_without_calls", 1),
+                *message_size_options(),
+            ],
         )
         self.stopping = stopping or asyncio.Event()
         self.address = ""

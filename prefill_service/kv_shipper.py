@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.errors import InvalidArgumentError
 from engine.llm_engine import LLMEngine
 from kv_transfer.base import KVSender
 from kv_transfer.state import TransferError
@@ -96,7 +97,11 @@ class KVShipper:
                 last,
             )
         except Exception as exc:  # one bad transfer must not stop the engine thread or the keepalives
-            logger.exception("shipping the KV of %s failed", transfer_id)
+            if isinstance(exc, InvalidArgumentError):
+                # NOTE: a KV target the caller made up (e.g. an endpoint that is no host:port): bad input, no bug.
+                logger.warning("shipping the KV of %s failed: %s", transfer_id, exc)
+            else:
+                logger.exception("shipping the KV of %s failed", transfer_id)
             del self._shipments[transfer_id]
             self._sender.abort(transfer_id, target.endpoint)
             self._on_failed(

@@ -19,24 +19,16 @@ class PrefillChecks:
         self._engine = engine
         self._sender = sender
         self._backend = backend
-        self._cache_salt = engine.config.cache.cache_salt
 
     def check(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
         target: KVTarget,
-        cache_salt: str | None,
         open_transfer_ids: Container[str],
     ) -> None:
         # NOTE: validate() only reads the engine's immutable RuntimeInfo: safe off the engine thread.
         self._engine.validate(prompt_token_ids, params)
-        if cache_salt is not None and cache_salt != self._cache_salt:
-            raise InvalidArgumentError(
-                "cache_salt",
-                "per-request cache salts are not supported: this pod's prefix "
-                "cache uses the salt fixed by its --cache-salt",
-            )
         if target.backend != self._backend:
             raise InvalidArgumentError(
                 "kv_target.backend", f"this pod sends over {self._backend!r}, not {target.backend!r}"

@@ -145,7 +145,7 @@ class PrefillWorker:
         """
         if self._draining:
             raise UnavailableError("prefill pod is draining")
-        self._checks.check(prompt_token_ids, params, target, cache_salt, self._transfer_ends)
+        self._checks.check(prompt_token_ids, params, target, self._transfer_ends)
         arrival, arrival_ns = time.monotonic(), time.time_ns()
         transfer_id = target.transfer_id
         ended = self._transfer_ends.open(transfer_id, request_id)
@@ -162,8 +162,9 @@ class PrefillWorker:
         first: FirstToken | None = None
         try:
             first = await self._traced_first_token(
-                request_id, transfer_id, shipment, prompt_token_ids, first_params, params, (arrival, arrival_ns)
-            )
+                request_id, transfer_id, shipment, prompt_token_ids, first_params, params, cache_salt,
+                (arrival, arrival_ns),
+            )  # fmt: skip
             if first is None:
                 # NOTE: a transfer's end resolves `ended` before its abort reaches the request's stream.
                 raise (ended.result() if ended.done() else None) or TransferError(
@@ -215,6 +216,7 @@ class PrefillWorker:
         prompt_token_ids: list[int],
         first_params: SamplingParams,
         params: SamplingParams,
+        cache_salt: str | None,
         arrival: tuple[float, int],
     ) -> FirstToken | None:
         """`_first_token` inside the "prefill" span, with the prefill pod's metrics of a first token; `arrival` is
@@ -227,7 +229,7 @@ class PrefillWorker:
         }
         with self._tracing.span("prefill", attributes):
             first = await self._first_token(
-                transfer_id, shipment, prompt_token_ids, first_params, params, arrival[0], capture_context()
+                transfer_id, shipment, prompt_token_ids, first_params, params, cache_salt, arrival[0], capture_context()
             )
             if first is None:
                 return None
@@ -250,13 +252,14 @@ class PrefillWorker:
         prompt_token_ids: list[int],
         first_params: SamplingParams,
         params: SamplingParams,
+        cache_salt: str | None,
         arrival: float,
         trace_context: otel_context.Context,
     ) -> FirstToken | None:
         """Add the request and wait for its token; None if it was aborted (its transfer ended first)."""
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(transfer_id, prompt_token_ids, first_params, hold_kv=True)
+            engine.add_request(transfer_id, prompt_token_ids, first_params, hold_kv=True, cache_salt=cache_salt)
             self._shipper.add(transfer_id, shipment)
             self._chunk_spans.track(transfer_id, len(prompt_token_ids), trace_context)
 

@@ -33,6 +33,20 @@ class RouterConfig:
     tokenizer_pool_size: int = field(default=2, metadata=doc("tokenizer worker processes"))
     block_size: int = field(default=16, metadata=doc("tokens per KV block; must equal the pods' --block-size"))
     registry_refresh_s: float = field(default=1.0, metadata=doc("how often the live pod list is re-read"))
+    max_message_bytes: int = field(
+        default=16 * 1024 * 1024,
+        metadata=doc("largest gRPC message the public server accepts (larger: RESOURCE_EXHAUSTED naming the limit)"),
+    )
+    max_prompt_bytes: int = field(
+        default=1024 * 1024,
+        metadata=doc("largest prompt in UTF-8 bytes (text, or all chat messages), refused before tokenizing"),
+    )
+    max_n: int = field(default=128, metadata=doc("most completions one Generate call may ask for (sampling_params.n)"))
+    max_stop_strings: int = field(default=32, metadata=doc("most stop strings one request may carry"))
+    max_stop_string_chars: int = field(default=512, metadata=doc("longest stop string, in characters"))
+    max_id_chars: int = field(
+        default=256, metadata=doc("longest request_id and cache_salt, in characters (printable ASCII for request_id)")
+    )
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
@@ -44,6 +58,13 @@ class RouterConfig:
             f"must be a power of two, got {self.block_size}",
         )
         _require(self.registry_refresh_s > 0, "registry_refresh_s", f"must be > 0, got {self.registry_refresh_s}")
+        _require(
+            0 < self.max_prompt_bytes < self.max_message_bytes,
+            "max_prompt_bytes",
+            f"must be in [1, max_message_bytes), got {self.max_prompt_bytes}",
+        )
+        for name in ("max_n", "max_stop_strings", "max_stop_string_chars", "max_id_chars"):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)

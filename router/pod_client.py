@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.grpc_errors import bad_request_fields
+from common.grpc_server import message_size_options
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
 from common.tls import ChannelSecurity
@@ -71,7 +72,9 @@ class PodClient:
     ) -> None:
         self.pod_id = pod_id
         self.address = address
-        self._channel = (security or ChannelSecurity()).aio_channel(address, interceptors, KEEPALIVE_OPTIONS)
+        self._channel = (security or ChannelSecurity()).aio_channel(
+            address, interceptors, (*KEEPALIVE_OPTIONS, *message_size_options())
+        )
         self._prefill = prefill_pb2_grpc.PrefillServiceStub(self._channel)
         self._decode = decode_pb2_grpc.DecodeServiceStub(self._channel)
         # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.

@@ -1,9 +1,10 @@
 """One Generate call end to end: validate, tokenize, hash, look up the prefix directory, then run
-its n completions (`router.completion_run`) and merge them into one stream.
+its n completions (`router.completion_run`) and merge them into one stream. Input limits are checked
+first (`router.input_checks`): ids, n and stop strings, the prompt's bytes before tokenizing, its tokens after.
 
 The completions of a call share the prompt, its block hashes and the directory's answer; each is
-routed and retried on its own, and completion i with a seed uses seed + i (as vLLM does), so the n
-samples differ yet stay reproducible. The stream's last chunk carries the usage of the whole call.
+routed and retried on its own, and completion i with a seed uses seed + i (as vLLM does; wrapped into
+int64), so the n samples differ yet stay reproducible. The stream's last chunk carries the usage of the whole call.
 Closing the stream early (the client cancelled, or the deadline passed) cancels every completion,
 and with them every call to a pod.
 """
@@ -21,7 +22,7 @@ from typing import Protocol
 
 from common.block_hash import BlockHash, block_extra_keys, hash_block_tokens, hash_prompt_blocks
 from common.errors import InvalidArgumentError
-from common.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams, completion_seed
 from common.telemetry import (
     GEN_AI_OPERATION_CHAT,
     GEN_AI_OPERATION_NAME,
@@ -36,13 +37,12 @@ from common.telemetry import (
     PDSERVE_REQUEST_ID,
 )
 from router.completion_run import CompletionRun
+from router.config import RouterConfig
+from router.input_checks import InputChecks
 from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage
 from router.run_context import PromptPlan, RunContext
 from router.tokenizer_pool import ChatMessage, TokenizerPool
-
-MAX_N = 128
-"""Most completions one call may ask for."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,9 +69,16 @@ class RequestLifecycle:
     """Runs Generate and Tokenize calls for the router's servicer."""
 
     def __init__(
-        self, model: ModelInfo, tokenizer_pool: TokenizerPool, directory: PrefixLookup, context: RunContext
+        self,
+        model: ModelInfo,
+        tokenizer_pool: TokenizerPool,
+        directory: PrefixLookup,
+        context: RunContext,
+        limits: RouterConfig | None = None,
     ) -> None:
+        """`limits`: the input limits (RouterConfig's `max_*` fields; default: RouterConfig's defaults)."""
         self._model = model
+        self._checks = InputChecks(limits or RouterConfig(), model.max_model_len)
         self._tokenizer_pool = tokenizer_pool
         self._directory = directory
         self._ctx = context
@@ -81,7 +88,8 @@ class RequestLifecycle:
         return self._model
 
     async def tokenize(self, text: str | None, messages: Sequence[ChatMessage] | None) -> list[int]:
-        """A prompt's token ids, exactly as Generate uses them; InvalidArgumentError for an empty one."""
+        """A prompt's token ids, exactly as Generate uses them; InvalidArgumentError for an empty or oversized one."""
+        self._checks.check_prompt_bytes(text, messages)
         if messages is not None:
             if not messages:
                 raise InvalidArgumentError("messages", "must hold at least one message")
@@ -124,12 +132,12 @@ class RequestLifecycle:
         self, request: GenerateInput, arrival: float, timeout_s: float | None
     ) -> AsyncGenerator[CompletionChunk, None]:
         params = request.params
-        if params.n > MAX_N:
-            raise InvalidArgumentError("sampling_params.n", f"must be <= {MAX_N}, got {params.n}")
+        self._checks.check_ids(request.request_id, request.cache_salt)
+        self._checks.check_params(params)
         with self._ctx.tracing.span("tokenize") as span:
             token_ids = await self._prompt_token_ids(request)
             span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
-        self._check_length(len(token_ids), params.max_tokens)
+        self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
         plan = await self._plan(request, token_ids, arrival, timeout_s)
         runs = [
             CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run() for index in range(params.n)
@@ -154,6 +162,7 @@ class RequestLifecycle:
             return await self.tokenize(request.text, request.messages)
         if not request.token_ids:
             raise InvalidArgumentError("token_ids", "must not be empty")
+        self._checks.check_length("token_ids", len(request.token_ids), request.params.max_tokens)
         vocab_size = self._model.vocab_size
         for position, token_id in enumerate(request.token_ids):
             if not 0 <= token_id < vocab_size:
@@ -162,15 +171,6 @@ class RequestLifecycle:
                     f"[0, {vocab_size})",
                 )  # fmt: skip
         return list(request.token_ids)
-
-    def _check_length(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        total = num_prompt_tokens + max_tokens
-        if total > self._model.max_model_len:
-            raise InvalidArgumentError(
-                "sampling_params.max_tokens",
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
-                f"max_model_len {self._model.max_model_len}",
-            )
 
     async def _plan(
         self, request: GenerateInput, token_ids: list[int], arrival: float, timeout_s: float | None
@@ -205,9 +205,14 @@ class RequestLifecycle:
         )
 
 
+def _prompt_field(request: GenerateInput) -> str:
+    if request.token_ids is not None:
+        return "token_ids"
+    return "messages" if request.messages is not None else "text"
+
+
 def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
-    seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed)
+    return dataclasses.replace(params, n=1, seed=completion_seed(params.seed, index))
 
 
 async def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:

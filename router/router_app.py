@@ -23,7 +23,7 @@ import grpc.aio
 from transformers import PreTrainedTokenizerBase
 
 from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_port, add_standard_services
+from common.grpc_server import add_port, add_standard_services, message_size_options
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodRegistry
 from common.prefix_directory import PrefixDirectory
@@ -83,9 +83,10 @@ class RouterApp:
             RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst),
         )  # fmt: skip
         self._server = grpc.aio.server(
-            interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()]
+            interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()],
+            options=message_size_options(config.max_message_bytes),
         )
-        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context)
+        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
         """What every front end serves: Generate, Tokenize and the model's info."""
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.lifecycle, metrics), self._server

@@ -1,5 +1,6 @@
 """Fault figures of today's request path over real processes on the CPU (docs/reliability.md): kill -9 a decode
-pod mid-stream, a cancel storm, and a fuzz of raw bytes at Generate. Not a test: it prints what happened.
+pod mid-stream and a cancel storm. Not a test: it prints what happened. (The fuzz of the public API is a test now:
+tests/faults/test_fuzz.py.)
 
 Usage: .venv/bin/python scripts/fault_probe.py
 """
@@ -87,23 +88,6 @@ def cancel_storm(cluster: LocalCluster, client: GenerationClient) -> dict[str, o
             "after_last_cancel_s": round(time.monotonic() - done, 2)}  # fmt: skip
 
 
-def fuzz(address: str, cases: int) -> dict[str, object]:
-    rng = random.Random(1)
-    channel = grpc.insecure_channel(address)
-    call = channel.unary_stream("/pdserve.v1.GenerationService/Generate")
-    codes: Counter[str] = Counter()
-    for _ in range(cases):
-        payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
-        try:
-            for _ in call(payload, timeout=10.0):
-                pass
-            codes["OK"] += 1
-        except grpc.RpcError as exc:
-            codes[exc.code().name] += 1
-    channel.close()
-    return {"cases": cases, "codes": dict(codes)}
-
-
 def main() -> None:
     config = ClusterConfig(num_prefill=1, num_decode=2, port=0, registry_refresh_s=0.2, pod_args=POD_ARGS,
                            log_dir=Path(tempfile.mkdtemp()), metrics_port=None)  # fmt: skip
@@ -112,7 +96,6 @@ def main() -> None:
         cluster.add_pod("decode")
         _until(lambda: _idle(cluster), 30.0)
         report["cancel storm"] = cancel_storm(cluster, client)
-        report["fuzz: random bytes as GenerateRequest"] = fuzz(cluster.router_address, 500)
         probe: list[str] = []
         _stream(client, probe, 8)
         report["serves afterwards"] = probe

@@ -100,8 +100,9 @@ def test_invalid_argument_names_the_public_field_after_streamed_messages() -> No
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await call.read()
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert raised.value.details() == "sampling_params.temperature: must be >= 0, got -1.0"
-        assert bad_request_fields(raised.value) == [("sampling_params.temperature", "must be >= 0, got -1.0")]
+        assert raised.value.details() == "sampling_params.temperature: must be finite and >= 0, got -1.0"
+        violation = ("sampling_params.temperature", "must be finite and >= 0, got -1.0")
+        assert bad_request_fields(raised.value) == [violation]
 
     _run(test)
 

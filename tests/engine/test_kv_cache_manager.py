@@ -184,6 +184,18 @@ def test_extra_keys_prevent_sharing() -> None:
     assert plain.take_events() == [BlockStored(tuple(hash_prompt_blocks(PROMPT, BLOCK_SIZE)), None)]
 
 
+def test_a_requests_own_extra_keys_share_blocks_only_with_the_same_keys() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=BLOCK_SIZE, extra_keys=("model-a",))
+    salted = ("model-a", "tenant-1")
+    computed, _ = manager.get_computed_blocks("a", PROMPT, salted)
+    assert manager.allocate_slots("a", len(PROMPT), computed) == [0, 1, 2, 3]
+    manager.cache_blocks("a", PROMPT, len(PROMPT), salted)
+    assert manager.take_events() == [BlockStored(tuple(hash_prompt_blocks(PROMPT, BLOCK_SIZE, salted)), None)]
+    assert manager.get_computed_blocks("same-salt", PROMPT, salted)[1] == 12
+    assert manager.get_computed_blocks("other-salt", PROMPT, ("model-a", "tenant-2"))[1] == 0
+    assert manager.get_computed_blocks("unsalted", PROMPT)[1] == 0
+
+
 def test_reset_prefix_cache_only_when_idle() -> None:
     manager = KVCacheManager(num_blocks=6, block_size=BLOCK_SIZE)
     _prefill(manager, "a", PROMPT)

@@ -401,7 +401,17 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
         (
             {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(temperature=-1)},
             "sampling_params.temperature",
-            "must be >= 0",
+            "must be finite and >= 0, got -1.0",
+        ),
+        (
+            {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(temperature=float("inf"))},
+            "sampling_params.temperature",
+            "must be finite and >= 0, got inf",
+        ),
+        (
+            {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(repetition_penalty=float("nan"))},
+            "sampling_params.repetition_penalty",
+            "must be finite and > 0, got nan",
         ),
         (
             {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(max_tokens=0)},
@@ -414,6 +424,43 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
             "non-empty",
         ),
         ({"text": "hi", "sampling_params": sampling_pb2.SamplingParams(n=129)}, "sampling_params.n", "<= 128"),
+        (
+            {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(stop=["x"] * 33)},
+            "sampling_params.stop",
+            "at most 32 stop strings, got 33",
+        ),
+        (
+            {"text": "hi", "sampling_params": sampling_pb2.SamplingParams(stop=["x" * 513])},
+            "sampling_params.stop",
+            "at most 512 characters, got one of 513",
+        ),
+        ({"text": "hi", "request_id": "r" * 257}, "request_id", "at most 256 characters, got 257"),
+        ({"text": "hi", "request_id": "a b"}, "request_id", "printable ASCII without spaces"),
+        ({"text": "hi", "request_id": "é"}, "request_id", "printable ASCII without spaces"),
+        ({"text": "hi", "cache_salt": ""}, "cache_salt", "must be 1 to 256 characters when set, got 0"),
+        ({"text": "hi", "cache_salt": "s" * 257}, "cache_salt", "must be 1 to 256 characters when set, got 257"),
+        ({"text": "x" * (1024 * 1024 + 1)}, "text", "prompt of 1048577 bytes exceeds the limit of 1048576 bytes"),
+        (
+            {
+                "messages": generation_pb2.ChatMessages(
+                    messages=[generation_pb2.ChatMessage(role="u", content="é" * 524288)]
+                )
+            },
+            "messages",
+            "prompt of 1048577 bytes exceeds the limit of 1048576 bytes",
+        ),
+        (
+            {"messages": generation_pb2.ChatMessages(messages=[generation_pb2.ChatMessage()] * 8193)},
+            "messages",
+            "at most 8192 messages (max_model_len), got 8193",
+        ),
+        # a prompt too long for the model names the prompt, not max_tokens
+        ({"text": " hello" * 9000}, "text", "prompt of 9000 tokens leaves no room in max_model_len 8192"),
+        (
+            {"token_ids": generation_pb2.TokenIds(token_ids=[1] * 8192)},
+            "token_ids",
+            "prompt of 8192 tokens leaves no room in max_model_len 8192",
+        ),
     ],
 )
 async def test_validation_errors_name_the_public_field(

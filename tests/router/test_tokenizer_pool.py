@@ -91,3 +91,30 @@ async def test_a_dead_worker_fails_its_requests_and_is_replaced(smollm2_path: Pa
         assert await pool.encode("Hello world") == [19556, 905]
     finally:
         await pool.aclose()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@pytest.mark.slow
+async def test_a_worker_returns_to_its_baseline_memory_after_a_huge_prompt(smollm2_path: Path) -> None:
+    pool = TokenizerPool(smollm2_path, size=1)
+    await pool.start()
+    try:
+        (pid,) = pool.worker_pids
+        await pool.encode("Hello world")
+        baseline = _rss_kib(pid)
+        huge = " ".join(f"word{i % 997} token{i % 89}" for i in range(125_000))
+        assert len(huge) > 1_900_000
+        num_tokens = len(await pool.encode(huge))
+        assert pool.worker_pids == [pid]
+        after = _rss_kib(pid)
+    finally:
+        await pool.aclose()
+    assert num_tokens > 400_000
+    # NOTE: without the trim, one 2 MB prompt left the worker about 130 MiB above its baseline, for good.
+    assert after < baseline + 16 * 1024, (baseline, after)
