@@ -2,17 +2,19 @@
 
 Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) reports the exception:
 - `InvalidArgumentError` -> INVALID_ARGUMENT + `google.rpc.BadRequest` naming the request field path;
-- `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo`;
+- `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo` (its `retry_after_s`, else the default);
 - `UnavailableError` -> UNAVAILABLE;
 - any other `PdserveError` -> the status its class names (e.g. a KV `TransferError` -> ABORTED, NOT_FOUND or
   FAILED_PRECONDITION), its message as the details;
+- any `PdserveError` with a `retry_after_s` also carries it as a `google.rpc.RetryInfo`, rounded to milliseconds;
 - `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
 - anything else -> INTERNAL, logged with its traceback.
-Clients read the field violations back with `bad_request_fields`.
+Clients read the field violations back with `bad_request_fields`, a retry delay with `retry_delay_s`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -56,15 +58,12 @@ def to_status(
         detail = error_details_pb2.BadRequest(field_violations=[violation])
         return _rich(code_pb2.INVALID_ARGUMENT, f"{field}: {exc.description}", detail)
     if isinstance(exc, ResourceExhaustedError):
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(round(retry_delay_s * 1e9))
-        return _rich(
-            code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", error_details_pb2.RetryInfo(retry_delay=delay)
-        )
+        retry_after_s = retry_delay_s if exc.retry_after_s is None else exc.retry_after_s
+        return _rich(code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", _retry_info(retry_after_s))
     if isinstance(exc, UnavailableError):
-        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", None)
+        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", _retry_info(exc.retry_after_s))
     if isinstance(exc, PdserveError) and exc.status != "INTERNAL":
-        return _rich(code_pb2.Code.Value(exc.status), str(exc), None)
+        return _rich(code_pb2.Code.Value(exc.status), str(exc), _retry_info(exc.retry_after_s))
     return _rich(code_pb2.INTERNAL, "internal error", None)
 
 
@@ -89,6 +88,15 @@ def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]
         if detail.Unpack(bad_request):
             fields.extend((v.field, v.description) for v in bad_request.field_violations)
     return fields
+
+
+def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
+    """The google.rpc.RetryInfo delay (seconds) the error carries; None when it carries none."""
+    for detail in _rich_status(rpc_error).details:
+        retry_info = error_details_pb2.RetryInfo()
+        if detail.Unpack(retry_info):
+            return retry_info.retry_delay.ToNanoseconds() / 1e9
+    return None
 
 
 _Behavior = Callable[..., Any]
@@ -148,14 +156,25 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             try:
-                async for response in behavior(request, context):
-                    yield response
+                # NOTE: aclosing: closed early, the handler is closed at once, in this task (see common.grpc_tracing).
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
                 await abort_with(context, exc, self._field_paths, self._retry_delay_s)
 
         return wrapped
+
+
+def _retry_info(retry_after_s: float | None) -> error_details_pb2.RetryInfo | None:
+    """RetryInfo of a delay rounded to whole milliseconds (at least 1 ms); None for None."""
+    if retry_after_s is None:
+        return None
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(max(round(retry_after_s * 1000), 1))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
 def _rich(code: int, message: str, detail: Any) -> grpc.Status:
@@ -172,7 +191,7 @@ def _passed_through(rpc_error: grpc.aio.AioRpcError) -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=rpc_error.code().value[0], message=rpc_error.details() or ""))
 
 
-def _rich_status(rpc_error: grpc.aio.AioRpcError) -> status_pb2.Status:
+def _rich_status(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> status_pb2.Status:
     """The google.rpc.Status in the error's trailing metadata; an empty one when it carries none."""
     for key, value in rpc_error.trailing_metadata() or ():
         if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
