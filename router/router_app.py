@@ -31,6 +31,7 @@ from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
+from router.admission import RouterAdmission
 from router.config import RouterConfig, RoutingConfig
 from router.local_load import LocalLoads
 from router.model_info import ModelInfo
@@ -72,9 +73,10 @@ class RouterApp:
             self._registry, config.model, config.registry_refresh_s, load, routing.unavailable_cooldown_s,
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
         )  # fmt: skip
+        admission = RouterAdmission(config, lambda: len(self._pods.pods("prefill")))
         context = RunContext(
             self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
-            routing.max_attempts, time.monotonic, tracing, metrics,
+            routing.max_attempts, time.monotonic, tracing, metrics, admission,
         )  # fmt: skip
         self._server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), ErrorInterceptor()])
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context)

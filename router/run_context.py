@@ -11,6 +11,8 @@ from transformers import PreTrainedTokenizerBase
 
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
+from router.admission import RouterAdmission
+from router.config import RouterConfig
 from router.local_load import LocalLoads
 from router.pod_view import PodView
 from router.routing_policy import RoutingPolicy
@@ -29,6 +31,7 @@ class RunContext:
     clock: Callable[[], float]
     tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
     metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
+    admission: RouterAdmission = field(default_factory=lambda: RouterAdmission(RouterConfig(), lambda: 1))
 
 
 @dataclass(slots=True, frozen=True)
