@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
+_RELEASING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(slots=True)
@@ -186,17 +187,22 @@ class CompletionRun:
             # at once spreads over the decode pods instead of all seeing the same idle one.
             num_blocks = -(-num_prompt_tokens // self._ctx.block_size)
             stack.enter_context(self._ctx.load.decoding(decode_pod.pod_id, num_blocks))
+            reserving = asyncio.ensure_future(
+                decode_client.reserve(request_id, num_prompt_tokens, self._params.max_tokens, self._remaining())
+            )
             try:
-                target = await decode_client.reserve(
-                    request_id, num_prompt_tokens, self._params.max_tokens, self._remaining()
-                )
+                target = await asyncio.shield(reserving)
+            except asyncio.CancelledError:
+                # NOTE: cancelled mid-Reserve: the pod may reserve all the same; Release it once Reserve answers.
+                reserving.add_done_callback(lambda done: self._release_reserved(decode_client, done))
+                raise
             except UnavailableError as exc:
                 raise _AttemptFailed(decode_pod.pod_id, exc) from exc
             except ResourceExhaustedError as exc:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise _DecodePodFull(str(exc)) from exc
             reserved = _Reserved(decode_client, target)
-            stack.push_async_callback(self._release_unclaimed, reserved)
+            stack.push_async_callback(lambda: asyncio.shield(self._release_in_background(reserved)))
             prefill_stream = self._ctx.pods.client(prefill_pod).prefill(
                 request_id, self._plan.token_ids, self._params, target, self._plan.cache_salt, self._remaining()
             )
@@ -274,6 +280,17 @@ class CompletionRun:
             kv_transfer_bytes=0 if done is None else done.num_bytes,
             kv_transfer_duration_s=0.0 if done is None else done.duration_s,
         )
+
+    def _release_reserved(self, decode_client: PodClient, reserving: asyncio.Future[KVTarget]) -> None:
+        if not reserving.cancelled() and reserving.exception() is None:
+            self._release_in_background(_Reserved(decode_client, reserving.result()))
+
+    def _release_in_background(self, reserved: _Reserved) -> asyncio.Task[None]:
+        """Release on a task of its own, so that a second cancellation of this one cannot strand the reservation."""
+        task = asyncio.create_task(self._release_unclaimed(reserved), name=f"release-{self._request_id}")
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+        return task
 
     async def _release_unclaimed(self, reserved: _Reserved) -> None:
         """Release the reservation unless a Decode call claimed it (best effort: it lapses anyway)."""
