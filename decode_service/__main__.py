@@ -62,7 +62,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             config.transfer.kv_lease_s,
             tracing=runtime.tracing,
             metrics=runtime.metrics,
-            admission=Admission(config.admission.limits(config.engine.scheduler)),
+            admission=Admission(config.admission.limits(engine.scheduler.config)),
         )
         worker.start()
         logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.kv_endpoint)

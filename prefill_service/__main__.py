@@ -62,7 +62,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             on_kv_events=publisher.offer,
             tracing=runtime.tracing,
             metrics=runtime.metrics,
-            admission=Admission(config.admission.limits(config.engine.scheduler)),
+            admission=Admission(config.admission.limits(engine.scheduler.config)),
         )
         publisher.start()
         worker.start()
