@@ -3,6 +3,7 @@ that report how they ended, closed-loop load that measures goodput, and the KV b
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,19 +99,33 @@ def concurrent_streams(address: str, num_streams: int, max_tokens: int) -> list[
     return outcomes
 
 
+def cpu_s(cluster: LocalCluster) -> float:
+    """CPU seconds the router and the pods (every thread of each process) have used so far."""
+    processes = [*cluster.pods.values(), *([cluster.router] if cluster.router is not None else [])]
+    ticks = 0
+    for process in processes:
+        # NOTE: fields after the command's ")": state is the 1st, utime and stime the 12th and 13th.
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(slots=True, frozen=True)
 class LoadResult:
-    """A closed-loop run: completed tokens per second over the window, and every call's outcome."""
+    """A closed-loop run: completed tokens per second of wall time and per CPU second of the cluster's processes
+    (the measure that other load on a shared machine leaves alone), and every call's outcome."""
 
     goodput: float
+    tokens_per_cpu_s: float
     outcomes: list[Outcome]
 
 
-def closed_loop(address: str, concurrency: int, max_tokens: int, duration_s: float) -> LoadResult:
+def closed_loop(cluster: LocalCluster, concurrency: int, max_tokens: int, duration_s: float) -> LoadResult:
     """`concurrency` clients, each sending a call after the last one ended (after its RetryInfo delay when refused)
-    for `duration_s`; goodput counts the tokens of calls that completed inside the window."""
+    for `duration_s`; goodput counts the tokens of completed calls over the time until the last one ended."""
     outcomes: list[Outcome] = []
-    with grpc.insecure_channel(address) as channel:
+    cpu_before = cpu_s(cluster)
+    with grpc.insecure_channel(cluster.router_address) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         start = time.monotonic()
         end = start + duration_s
@@ -129,4 +144,4 @@ def closed_loop(address: str, concurrency: int, max_tokens: int, duration_s: flo
             thread.join()
         elapsed = time.monotonic() - start
     completed = sum(o.num_tokens for o in outcomes if o.code is grpc.StatusCode.OK)
-    return LoadResult(completed / elapsed, outcomes)
+    return LoadResult(completed / elapsed, completed / max(cpu_s(cluster) - cpu_before, 1e-3), outcomes)

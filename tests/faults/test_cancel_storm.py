@@ -63,15 +63,17 @@ def test_kv_is_back_to_baseline_within_2_s_of_a_cancel_storm(cluster: LocalClust
 @pytest.mark.soak
 def test_100_cancelled_streams_kv_baseline_within_2_s_and_throughput_kept(tmp_path: Path) -> None:
     """The acceptance shape: 100 streams cancelled at random points; throughput (8 clients, 16 tokens each, 15 s)
-    before and after."""
-    with cluster_1p1d(tmp_path) as local_cluster:
-        address = local_cluster.router_address
-        closed_loop(address, 8, max_tokens=16, duration_s=5.0)  # warm-up
-        before = closed_loop(address, 8, max_tokens=16, duration_s=15.0).goodput
-        assert wait_until(lambda: idle(local_cluster.pod_infos()), 10.0) is not None
-        cancel_storm(address, 100, seed=1)
-        back_s = wait_until(lambda: idle(local_cluster.pod_infos()), 30.0)
-        after = closed_loop(address, 8, max_tokens=16, duration_s=15.0).goodput
-        print(f"KV back to baseline {back_s} s after the last cancel; throughput {before:.1f} -> {after:.1f} tokens/s")
+    before and after. NOTE: compared per CPU second of the cluster's processes: wall-clock throughput on a shared
+    2-core machine swings by half with the other load on it (both are printed)."""
+    with cluster_1p1d(tmp_path) as cluster:
+        closed_loop(cluster, 8, max_tokens=16, duration_s=5.0)  # warm-up
+        before = closed_loop(cluster, 8, max_tokens=16, duration_s=15.0)
+        assert wait_until(lambda: idle(cluster.pod_infos()), 10.0) is not None
+        cancel_storm(cluster.router_address, 100, seed=1)
+        back_s = wait_until(lambda: idle(cluster.pod_infos()), 30.0)
+        after = closed_loop(cluster, 8, max_tokens=16, duration_s=15.0)
+        print(f"KV back to baseline {back_s} s after the last cancel; throughput {before.goodput:.1f} -> "
+              f"{after.goodput:.1f} tokens/s, {before.tokens_per_cpu_s:.2f} -> {after.tokens_per_cpu_s:.2f} tokens "
+              "per CPU second")  # fmt: skip
         assert back_s is not None and back_s <= KV_BOUND_S, back_s
-        assert abs(after - before) <= 0.1 * before, (before, after)
+        assert abs(after.tokens_per_cpu_s - before.tokens_per_cpu_s) <= 0.1 * before.tokens_per_cpu_s

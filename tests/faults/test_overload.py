@@ -75,11 +75,10 @@ def test_goodput_at_5x_capacity_is_at_least_80_percent_of_capacity(tmp_path: Pat
     """The acceptance shape, with the default limits: capacity is the concurrency where goodput saturates (measured
     at 15, 30 and 60 clients); then 300 clients, 5x of 60."""
     with cluster_1p1d(tmp_path) as cluster:
-        address = cluster.router_address
-        closed_loop(address, 8, max_tokens=16, duration_s=5.0)  # warm-up
-        sweep = {c: closed_loop(address, c, max_tokens=16, duration_s=20.0) for c in (15, 30, 60)}
+        closed_loop(cluster, 8, max_tokens=16, duration_s=5.0)  # warm-up
+        sweep = {c: closed_loop(cluster, c, max_tokens=16, duration_s=20.0) for c in (15, 30, 60)}
         capacity = max(sweep, key=lambda c: sweep[c].goodput)
-        overload = closed_loop(address, 5 * capacity, max_tokens=16, duration_s=20.0)
+        overload = closed_loop(cluster, 5 * capacity, max_tokens=16, duration_s=20.0)
         refusals = [o for o in overload.outcomes if o.code is grpc.StatusCode.RESOURCE_EXHAUSTED]
         figures = {c: round(r.goodput, 1) for c, r in sweep.items()} | {5 * capacity: round(overload.goodput, 1)}
         codes = Counter(o.code.name for o in overload.outcomes)
