@@ -1,12 +1,13 @@
 """Admission control: how much work a service lets wait, and what it tells a caller it turns away.
 
 Lifecycle of one request through an `Admission`:
-1. `admit(client_id, num_prompt_tokens)` on arrival checks three limits (0 turns one off): requests waiting,
+1. `admit(client_id, num_prompt_tokens)` on arrival (`check` alone, earlier, refuses as early as it can) checks three
+   limits (0 turns one off): requests waiting,
    prompt tokens waiting, and streams open for this client. Beyond any of them it raises ResourceExhaustedError
    at once, its `retry_after_s` the time the queue needs to drain at the rate it drained lately, bounded by
    [min_retry_s, max_retry_s]. Otherwise the request is counted as waiting and as one of its client's streams.
-2. `start(ticket)` when the request leaves the queue (a prefill pod computed its first token, a decode pod admitted
-   it into its batch, the router got its first token): its prompt tokens count as drained, which sets the rate.
+2. `start(ticket)` when the request leaves the queue (a prefill pod computed its first token, a decode pod's
+   reservation was claimed by Decode, the router got its first token): its prompt tokens count as drained.
 3. `finish(ticket)` when it ends, however (starting it first if it never was).
 A prompt longer than the token limit is still admitted when nothing waits, so that no prompt is refused forever.
 Everything runs on one event loop: no locks.
@@ -78,12 +79,16 @@ class Admission:
     def num_streams(self, client_id: str) -> int:
         return self._streams[client_id]
 
-    def admit(self, client_id: str, num_prompt_tokens: int, limits: AdmissionLimits | None = None) -> Ticket:
-        """Count the request in, or raise ResourceExhaustedError (see the module docstring); `limits` overrides the
-        service's own for this call."""
+    def check(self, client_id: str, num_prompt_tokens: int = 0, limits: AdmissionLimits | None = None) -> None:
+        """Raise ResourceExhaustedError if `admit` would now (e.g. before the prompt is tokenized: 0 tokens, so
+        only a queue already over its token limit refuses); `limits` overrides the service's own for this call."""
         reason = self._over_limit(client_id, num_prompt_tokens, limits or self.limits)
         if reason is not None:
             raise ResourceExhaustedError(f"overloaded: {reason}", retry_after_s=self.retry_after_s(limits))
+
+    def admit(self, client_id: str, num_prompt_tokens: int, limits: AdmissionLimits | None = None) -> Ticket:
+        """Count the request in, or raise ResourceExhaustedError (see the module docstring)."""
+        self.check(client_id, num_prompt_tokens, limits)
         self._num_waiting += 1
         self._num_queued_tokens += num_prompt_tokens
         self._streams[client_id] += 1

@@ -1,6 +1,7 @@
 """The router's admission control: how many Generate calls may wait for a first token, and per client.
 
-A call is admitted once its prompt is tokenized and before any pod is asked for anything (`gate`):
+A call is checked on arrival (`check`: waiting requests and the client's streams, so that a refusal costs no
+tokenizing), and admitted once its prompt is tokenized, before any pod is asked for anything (`gate`):
 1. the limits of RouterConfig apply, the queue limits per live prefill pod (a cluster with more prefill pods
    drains faster): requests waiting for their first token, their prompt tokens, and streams per client;
    beyond any, the call ends RESOURCE_EXHAUSTED with a RetryInfo of the queue's drain time (pod.admission);
@@ -50,6 +51,10 @@ class RouterAdmission:
     def limits(self) -> AdmissionLimits:
         """The limits now: the queue limits times the live prefill pods (at least one)."""
         return self._per_pod.scaled(max(self._num_prefill_pods(), 1))
+
+    def check(self, client: str) -> None:
+        """ResourceExhaustedError now if a call of `client` would be refused whatever its prompt."""
+        self.admission.check(client, 0, self.limits())
 
     async def gate(
         self, chunks: AsyncGenerator[T, None], client: str, num_prompt_tokens: int

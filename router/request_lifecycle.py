@@ -126,6 +126,7 @@ class RequestLifecycle:
         self, request: GenerateInput, arrival: float, timeout_s: float | None
     ) -> AsyncGenerator[CompletionChunk, None]:
         params = request.params
+        self._ctx.admission.check(request.client_id)
         if params.n > MAX_N:
             raise InvalidArgumentError("sampling_params.n", f"must be <= {MAX_N}, got {params.n}")
         with self._ctx.tracing.span("tokenize") as span:

@@ -115,3 +115,12 @@ def test_scaled_limits_multiply_the_queue_limits_only() -> None:
     admission.admit("a", 1, limits)
     with pytest.raises(ResourceExhaustedError):
         admission.admit("a", 1)
+
+
+def test_check_refuses_as_admit_would_but_counts_nothing() -> None:
+    admission = Admission(AdmissionLimits(max_waiting_requests=1, max_queued_prompt_tokens=100))
+    admission.check("a")
+    admission.admit("a", 150)
+    with pytest.raises(ResourceExhaustedError, match=r"^overloaded: 1 requests waiting \(limit 1\)$"):
+        admission.check("b")
+    assert (admission.num_waiting, admission.num_streams("b")) == (1, 0)
