@@ -72,12 +72,13 @@ def test_a_call_past_its_deadline_is_deadline_exceeded_and_frees_its_kv(small_cl
 
 @pytest.mark.soak
 def test_goodput_at_5x_capacity_is_at_least_80_percent_of_capacity(tmp_path: Path) -> None:
-    """The acceptance shape, with the default limits: capacity is the concurrency where goodput saturates (measured
-    at 15, 30 and 60 clients); then 300 clients, 5x of 60."""
+    """The acceptance shape, with the default limits: capacity is the concurrency where goodput saturates (the
+    fewest clients of 15, 30, 60 and 120 with 90% of the best goodput); then 5x as many clients."""
     with cluster_1p1d(tmp_path) as cluster:
         closed_loop(cluster, 8, max_tokens=16, duration_s=5.0)  # warm-up
-        sweep = {c: closed_loop(cluster, c, max_tokens=16, duration_s=20.0) for c in (15, 30, 60)}
-        capacity = max(sweep, key=lambda c: sweep[c].goodput)
+        sweep = {c: closed_loop(cluster, c, max_tokens=16, duration_s=20.0) for c in (15, 30, 60, 120)}
+        best = max(r.goodput for r in sweep.values())
+        capacity = min(c for c, r in sweep.items() if r.goodput >= 0.9 * best)
         overload = closed_loop(cluster, 5 * capacity, max_tokens=16, duration_s=20.0)
         refusals = [o for o in overload.outcomes if o.code is grpc.StatusCode.RESOURCE_EXHAUSTED]
         figures = {c: round(r.goodput, 1) for c, r in sweep.items()} | {5 * capacity: round(overload.goodput, 1)}
