@@ -32,9 +32,11 @@ class _Endless(generation_pb2_grpc.GenerationServiceServicer):
                 await asyncio.sleep(0)
 
 
-async def _cancel_calls() -> None:
+async def _cancel_calls(tracing: bool) -> None:
     tracer = TracerProvider().get_tracer("server")
-    server = grpc.aio.server(interceptors=[ServerTracingInterceptor(tracer), ErrorInterceptor()])
+    # NOTE: as a pdserve server stacks them; with tracing off the error interceptor is the only (outermost) one.
+    interceptors = [ServerTracingInterceptor(tracer), ErrorInterceptor()] if tracing else [ErrorInterceptor()]
+    server = grpc.aio.server(interceptors=interceptors)
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(_Endless(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -51,7 +53,8 @@ async def _cancel_calls() -> None:
         await server.stop(None)
 
 
-def test_cancelled_streams_detach_every_context(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("tracing", [True, False])
+def test_cancelled_streams_detach_every_context(tracing: bool, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR, logger="opentelemetry.context"):
-        asyncio.run(_cancel_calls())
+        asyncio.run(_cancel_calls(tracing))
     assert [r.getMessage() for r in caplog.records if r.name == "opentelemetry.context"] == []
