@@ -49,7 +49,11 @@ _RELEASING: set[asyncio.Task[None]] = set()
 
 @dataclass(slots=True)
 class _Reserved:
-    """KV blocks reserved on a decode pod; `claimed` once a Decode call took them over."""
+    """KV blocks reserved on a decode pod; `claimed` once a Decode call ended with them.
+
+    NOTE: not when Decode is called: a call cancelled before it reached the pod leaves the reservation unclaimed there
+    (its lease would hold the blocks); a Release of a reservation that Decode did claim is a no-op on the pod.
+    """
 
     decode_client: PodClient
     target: KVTarget
@@ -225,7 +229,6 @@ class CompletionRun:
     ) -> AsyncGenerator[CompletionChunk, None]:
         transfer = asyncio.create_task(transfer_done(leg.prefill_stream), name=f"transfer-{self._request_id}")
         stack.push_async_callback(cancel_and_wait, transfer)
-        leg.reserved.claimed = True
         decode_client = leg.reserved.decode_client
         steps = decode_client.decode(
             f"{self._request_id}.{leg.num_attempts}", leg.reserved.target.transfer_id, self._plan.token_ids,
@@ -252,6 +255,7 @@ class CompletionRun:
                     yield CompletionChunk(self._index, out.text_delta, step.token_ids, step.logprobs)
                     continue
                 text = out.text_delta if out.stop_reason is not None else out.text_delta + detokenizer.flush()
+                leg.reserved.claimed = True
                 done = await result_within(transfer, _TRANSFER_DONE_WAIT_S)
                 metrics = self._metrics(leg, ttft, first_decode_token_s, done)
                 elapsed = self._elapsed()
