@@ -1,4 +1,4 @@
-"""Helpers of the overload and cancellation fault tests: a 1 prefill + 1 decode cluster of real processes, streams
+"""Helpers of the overload and cancellation fault tests: a small cluster of real processes, streams
 that report how they ended, closed-loop load that measures goodput, and the KV baseline every pod returns to."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from common.pod_registry import PodInfo
 from pdserve.v1 import generation_pb2_grpc
 
 HEARTBEAT_S = 0.2
-POD_ARGS = ("--heartbeat-s", str(HEARTBEAT_S), "--num-blocks", "1024", "--long-prefill-token-threshold", "64")
+POD_ARGS = ("--heartbeat-s", str(HEARTBEAT_S), "--long-prefill-token-threshold", "64")
 """Like the e2e pods' (tests/e2e/support.py): short engine steps, so that a cancel takes effect within a second."""
 STARTUP_TIMEOUT_S = 240.0
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
@@ -30,9 +30,14 @@ KV_BOUND_S = 2.0 + HEARTBEAT_S
 
 
 @contextmanager
-def cluster_1p1d(log_dir: Path, router_args: tuple[str, ...] = ()) -> Iterator[LocalCluster]:
+def cluster_1p1d(
+    log_dir: Path, router_args: tuple[str, ...] = (), num_decode: int = 1, num_blocks: int = 1024
+) -> Iterator[LocalCluster]:
+    """1 prefill pod and `num_decode` decode pods (default 1) of `num_blocks` KV blocks, the router started with
+    `router_args`."""
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, registry_refresh_s=HEARTBEAT_S, pod_args=POD_ARGS,
+        num_prefill=1, num_decode=num_decode, port=0, registry_refresh_s=HEARTBEAT_S,
+        pod_args=(*POD_ARGS, "--num-blocks", str(num_blocks)),
         router_args=router_args, log_dir=log_dir, startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
     )  # fmt: skip
     with LocalCluster(config) as cluster:
