@@ -21,7 +21,9 @@ from kv_transfer.config import BACKENDS, check_backend
 from pod.admission import AdmissionLimits
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
-_QUEUED_CHUNKS = 32
+_QUEUED_BATCHES = 4
+_MIN_WAITING = 256
+_QUEUED_STEPS = 8
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -104,11 +106,11 @@ class PodAdmissionConfig:
     admission_max_waiting_requests: int | None = field(
         default=None,
         metadata=doc("prefill: calls waiting for their first token; decode: reservations not yet decoding; beyond "
-                     "it RESOURCE_EXHAUSTED + RetryInfo; default: the engine's --max-num-seqs; 0: no limit"),
+                     "it RESOURCE_EXHAUSTED + RetryInfo; default: 4 x --max-num-seqs, at least 256; 0: no limit"),
     )  # fmt: skip
     admission_max_queued_prompt_tokens: int | None = field(
         default=None,
-        metadata=doc("prompt tokens of those waiting requests; default: 32 engine chunks; 0: no limit"),
+        metadata=doc("prompt tokens of those requests; default: 8 steps of --max-num-batched-tokens; 0: no limit"),
     )
     admission_max_retry_s: float = field(default=5.0, metadata=doc("most retry delay a refusal advertises"))
 
@@ -121,11 +123,12 @@ class PodAdmissionConfig:
         )
 
     def limits(self, scheduler: SchedulerConfig) -> AdmissionLimits:
-        """The limits, defaults derived from the engine's batch: its most running requests, 32 of its chunks."""
+        """The limits, defaults derived from the engine's batch: 4 batches of requests (at least 256), 8 steps of
+        tokens. NOTE: a safety valve for the pod; the router's tighter limits (router.config) do the shaping."""
         max_waiting, max_tokens = self.admission_max_waiting_requests, self.admission_max_queued_prompt_tokens
         return AdmissionLimits(
-            scheduler.max_num_seqs if max_waiting is None else max_waiting,
-            _QUEUED_CHUNKS * scheduler.chunk_size if max_tokens is None else max_tokens,
+            max(_QUEUED_BATCHES * scheduler.max_num_seqs, _MIN_WAITING) if max_waiting is None else max_waiting,
+            _QUEUED_STEPS * scheduler.max_num_batched_tokens if max_tokens is None else max_tokens,
             max_retry_s=self.admission_max_retry_s,
         )
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.errors import ResourceExhaustedError
+from engine.config import SchedulerConfig
 from pod.admission import Admission, AdmissionLimits
+from pod.config import PodAdmissionConfig
 
 
 class Clock:
@@ -124,3 +126,12 @@ def test_check_refuses_as_admit_would_but_counts_nothing() -> None:
     with pytest.raises(ResourceExhaustedError, match=r"^overloaded: 1 requests waiting \(limit 1\)$"):
         admission.check("b")
     assert (admission.num_waiting, admission.num_streams("b")) == (1, 0)
+
+
+def test_pod_limits_default_to_the_engine_batch_and_explicit_values_win() -> None:
+    assert PodAdmissionConfig().limits(SchedulerConfig()) == AdmissionLimits(1024, 65536, 0, 0.05, 5.0)
+    assert PodAdmissionConfig().limits(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=512)) == (
+        AdmissionLimits(256, 4096, 0, 0.05, 5.0)
+    )
+    explicit = PodAdmissionConfig(admission_max_waiting_requests=0, admission_max_queued_prompt_tokens=7)
+    assert explicit.limits(SchedulerConfig()) == AdmissionLimits(0, 7, 0, 0.05, 5.0)
