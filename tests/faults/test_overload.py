@@ -82,8 +82,11 @@ def test_goodput_at_5x_capacity_is_at_least_80_percent_of_capacity(tmp_path: Pat
         overload = closed_loop(cluster, 5 * capacity, max_tokens=16, duration_s=20.0)
         refusals = [o for o in overload.outcomes if o.code is grpc.StatusCode.RESOURCE_EXHAUSTED]
         figures = {c: round(r.goodput, 1) for c, r in sweep.items()} | {5 * capacity: round(overload.goodput, 1)}
+        per_cpu = {c: round(r.tokens_per_cpu_s, 1) for c, r in sweep.items()} | {
+            5 * capacity: round(overload.tokens_per_cpu_s, 1)
+        }
         codes = Counter(o.code.name for o in overload.outcomes)
-        print(f"goodput (tokens/s) by clients: {figures}; outcomes at 5x: {codes}")
+        print(f"goodput (tokens/s) by clients: {figures}; per cluster CPU-second: {per_cpu}; outcomes at 5x: {codes}")
         if refusals:
             times = sorted(o.duration_s for o in refusals)
             print(f"refusal time p50 {times[len(times) // 2]:.3f} s, p99 {times[int(len(times) * 0.99)]:.3f} s")
