@@ -14,6 +14,8 @@ class PdserveError(Exception):
 
     status: ClassVar[str] = "INTERNAL"
     """The google.rpc.Code name that reports this error to a gRPC caller."""
+    retry_after_s: float | None = None
+    """When set, how long the caller should wait before retrying (reported as a google.rpc.RetryInfo)."""
 
 
 class InvalidArgumentError(PdserveError, ValueError):
@@ -28,9 +30,13 @@ class InvalidArgumentError(PdserveError, ValueError):
 
 
 class ResourceExhaustedError(PdserveError):
-    """The service is overloaded or out of KV blocks for now; retry later."""
+    """The service is overloaded or out of KV blocks for now; retry after `retry_after_s` (None: the default)."""
 
     status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UnavailableError(PdserveError):

@@ -2,20 +2,22 @@
 
 Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) reports the exception:
 - `InvalidArgumentError` -> INVALID_ARGUMENT + `google.rpc.BadRequest` naming the request field path;
-- `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo`;
-- `UnavailableError` -> UNAVAILABLE, with a `google.rpc.RetryInfo` when it carries `retry_after_s`;
+- `ResourceExhaustedError` -> RESOURCE_EXHAUSTED + `google.rpc.RetryInfo` (its `retry_after_s`, else the default);
+- `UnavailableError` -> UNAVAILABLE;
 - any other `PdserveError` -> the status its class names (e.g. a KV `TransferError` -> ABORTED, NOT_FOUND or
   FAILED_PRECONDITION), its message as the details;
+- any `PdserveError` with a `retry_after_s` also carries it as a `google.rpc.RetryInfo`, rounded to milliseconds;
 - `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
 - anything else -> INTERNAL, logged with its traceback.
-Clients read the field violations back with `bad_request_fields`.
+Clients read the field violations back with `bad_request_fields`, a retry delay with `retry_delay_s`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -57,12 +59,12 @@ def to_status(
         detail = error_details_pb2.BadRequest(field_violations=[violation])
         return _rich(code_pb2.INVALID_ARGUMENT, f"{field}: {exc.description}", detail)
     if isinstance(exc, ResourceExhaustedError):
-        return _rich(code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", retry_info(retry_delay_s))
+        retry_after_s = retry_delay_s if exc.retry_after_s is None else exc.retry_after_s
+        return _rich(code_pb2.RESOURCE_EXHAUSTED, str(exc) or "out of capacity", _retry_info(retry_after_s))
     if isinstance(exc, UnavailableError):
-        detail = None if exc.retry_after_s is None else retry_info(exc.retry_after_s)
-        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", detail)
+        return _rich(code_pb2.UNAVAILABLE, str(exc) or "no healthy pod", _retry_info(exc.retry_after_s))
     if isinstance(exc, PdserveError) and exc.status != "INTERNAL":
-        return _rich(code_pb2.Code.Value(exc.status), str(exc), None)
+        return _rich(code_pb2.Code.Value(exc.status), str(exc), _retry_info(exc.retry_after_s))
     return _rich(code_pb2.INTERNAL, "internal error", None)
 
 
@@ -79,22 +81,6 @@ async def abort_with(
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def retry_info(delay_s: float) -> error_details_pb2.RetryInfo:
-    """A google.rpc.RetryInfo telling the caller to wait `delay_s` before retrying."""
-    delay = duration_pb2.Duration()
-    delay.FromNanoseconds(round(delay_s * 1e9))
-    return error_details_pb2.RetryInfo(retry_delay=delay)
-
-
-def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
-    """The delay of the google.rpc.RetryInfo the error carries; None when it carries none."""
-    for detail in _rich_status(rpc_error).details:
-        info = error_details_pb2.RetryInfo()
-        if detail.Unpack(info):
-            return info.retry_delay.ToNanoseconds() / 1e9
-    return None
-
-
 def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
     """(field path, description) of every google.rpc.BadRequest field violation the error carries."""
     fields: list[tuple[str, str]] = []
@@ -103,6 +89,15 @@ def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]
         if detail.Unpack(bad_request):
             fields.extend((v.field, v.description) for v in bad_request.field_violations)
     return fields
+
+
+def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
+    """The google.rpc.RetryInfo delay (seconds) the error carries; None when it carries none."""
+    for detail in _rich_status(rpc_error).details:
+        retry_info = error_details_pb2.RetryInfo()
+        if detail.Unpack(retry_info):
+            return retry_info.retry_delay.ToNanoseconds() / 1e9
+    return None
 
 
 _Behavior = Callable[..., Any]
@@ -160,14 +155,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap_async_gen(self, behavior: _Behavior) -> _Behavior:
-        """Wraps an async-generator handler."""
+        """Wraps an async-generator handler as a coroutine that writes each response with context.write, so that a
+        cancelled call closes the handler at once, in its own task (see ServerTracingInterceptor._wrap_async_gen)."""
 
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             if isinstance(request, UnparsedRequest):
                 await _abort_unparsed(context, request)
             try:
-                async for response in behavior(request, context):
-                    yield response
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        await context.write(response)
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
@@ -179,6 +176,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 async def _abort_unparsed(context: grpc.aio.ServicerContext[Any, Any], request: UnparsedRequest) -> NoReturn:
     # NOTE: the error names a field path of the request message itself: no engine field name to map.
     await abort_with(context, request.error, field_paths={})
+
+
+def _retry_info(retry_after_s: float | None) -> error_details_pb2.RetryInfo | None:
+    """RetryInfo of a delay rounded to whole milliseconds (at least 1 ms); None for None."""
+    if retry_after_s is None:
+        return None
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(max(round(retry_after_s * 1000), 1))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
 def _rich(code: int, message: str, detail: Any) -> grpc.Status:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -120,11 +120,20 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap_async_gen(self, behavior: _Behavior, method: str, parent: otel_context.Context) -> _Behavior:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        """The async-generator handler as a coroutine that writes each response with context.write.
+
+        NOTE: a cancelled call cancels its task; were this an async generator, the cancellation could land in gRPC's
+        own frame while the handler sits at a `yield`, leaving the handler's generators to be closed later by the
+        garbage collector's finalizer, in another context: every context attached inside them ("the gRPC SERVER
+        span", "generate", ...) would then fail to detach ("Failed to detach context"). Awaiting each write here
+        puts the cancellation in this frame, and aclosing closes the handler at once, in its own context.
+        """
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             with self._serving(method, parent, context):
                 async with contextlib.aclosing(behavior(request, context)) as responses:
                     async for response in responses:
-                        yield response
+                        await context.write(response)
 
         return wrapped
 

@@ -21,6 +21,7 @@ from decode_service.server import SERVICE_NAME, DecodeServicer
 from engine.llm_engine import LLMEngine
 from kv_transfer.factory import make_receiver
 from pdserve.v1 import decode_pb2_grpc
+from pod.admission import Admission
 from pod.config import KVReceiverConfig, PodConfig, parse_pod_config
 from pod.run import configure_logging
 from pod.run import run_pod as run_any_pod
@@ -64,6 +65,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             generation=runtime.generation,
             tracing=runtime.tracing,
             metrics=runtime.metrics,
+            admission=Admission(config.admission.limits(engine.scheduler.config)),
         )
         worker.start()
         logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.kv_endpoint)

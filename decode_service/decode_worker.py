@@ -1,8 +1,10 @@
 """DecodeWorker: the decode role's request path, over an engine thread and a KV receiver.
 
 Lifecycle of one request (its engine request id is the transfer id, chosen here at Reserve):
-1. Reserve: on the engine thread, `reserve_kv` takes ceil(num_prompt_tokens / block_size) blocks and the receiver
-   expects the transfer into them under a lease; no free blocks -> ResourceExhaustedError.
+1. Reserve: admission first (reservations not yet decoding, and their prompt tokens, are limited: beyond,
+   ResourceExhaustedError with a retry delay); then, on the engine thread, `reserve_kv` takes
+   ceil(num_prompt_tokens / block_size) blocks and the receiver expects the transfer into them under a lease; no free
+   blocks -> ResourceExhaustedError. A Reserve call cancelled meanwhile aborts what its command may have reserved.
 2. A prefill pod writes the blocks. Decode waits until the transfer is DONE (polling the receiver: the event loop
    never blocks), then on the engine thread claims it and admits the request with its prompt KV computed
    (`add_prefilled_request`), and streams the tokens from the second one on.
@@ -41,6 +43,7 @@ from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVReceiver
 from kv_transfer.state import TransferAbortedError, TransferError, TransferExpiredError, TransferState
 from kv_transfer.target import KVTarget
+from pod.admission import Admission, AdmissionLimits, Ticket
 from pod.worker import PodLoad, read_load, report_engine_state
 
 logger = logging.getLogger(__name__)
@@ -65,7 +68,9 @@ class DecodeWorker:
         generation: int = 0,
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        """`admission` limits the reservations not yet decoding (default: no limit)."""
         self.info = engine.info
         self._receiver = receiver
         self._backend = backend
@@ -78,6 +83,8 @@ class DecodeWorker:
         self._async_engine = AsyncEngine(engine, on_step=_drop_cache_events, on_update=self._on_update)
         self._pending: set[str] = set()  # reserved, neither claimed nor ended yet
         self._request_ids: dict[str, str] = {}  # of pending transfers, for logs
+        self._admission = admission or Admission(AdmissionLimits())
+        self._tickets: dict[str, Ticket] = {}  # of pending transfers
         self._decoding: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
@@ -113,6 +120,7 @@ class DecodeWorker:
         if self._draining:
             raise UnavailableError("decode pod is draining")
         self._check_reserve(num_prompt_tokens, max_tokens)
+        ticket = self._admission.admit("", num_prompt_tokens)
         transfer_id = uuid.uuid4().hex
 
         def reserve(engine: LLMEngine) -> list[int] | None:
@@ -121,10 +129,14 @@ class DecodeWorker:
         # NOTE: counted as pending before its lease starts, so that the discard by its release always comes after.
         self._pending.add(transfer_id)
         self._request_ids[transfer_id] = request_id
+        self._tickets[transfer_id] = ticket
         try:
             block_ids = await self._async_engine.call(reserve)
         except BaseException:
             self._forget(transfer_id)
+            # NOTE: a call cancelled while its command ran may have reserved all the same; this abort runs on the
+            # engine thread after that command, so the blocks are freed now rather than when the lease lapses.
+            self._async_engine.submit(lambda engine: self._receiver.abort(transfer_id))
             raise
         if block_ids is None:
             self._forget(transfer_id)
@@ -251,9 +263,12 @@ class DecodeWorker:
         engine.add_prefilled_request(transfer_id, prompt_token_ids, first_token_id, params)
 
     def _forget(self, transfer_id: str) -> None:
-        """Event loop: the reservation is no longer pending."""
+        """Event loop: the reservation is no longer pending (claimed, or ended)."""
         self._pending.discard(transfer_id)
         self._request_ids.pop(transfer_id, None)
+        ticket = self._tickets.pop(transfer_id, None)
+        if ticket is not None:
+            self._admission.finish(ticket)
 
     def _on_update(self, engine: LLMEngine) -> None:
         """Engine thread, after every step and command: the load snapshot and the metrics' engine state."""

@@ -91,6 +91,10 @@ class AsyncEngine:
             if not finished and self._error is None:
                 self.abort(req_id)
 
+    def submit(self, fn: Callable[[LLMEngine], None]) -> None:
+        """Queue `fn(engine)` for the engine thread, after every command queued before it; nobody waits for it."""
+        self._submit(lambda: fn(self.engine))
+
     def abort(self, req_id: str) -> None:
         self._submit(lambda: self._dispatch(self.engine.abort_requests([req_id])))
 

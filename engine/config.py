@@ -6,6 +6,7 @@ Values measured at run time (number of KV blocks, EOS ids) live in `engine.runti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,6 +16,9 @@ from common.errors import InvalidArgumentError
 DEFAULT_MODEL = "smollm2-135m"
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "gptq", "awq")
 KV_CACHE_DTYPES = ("auto", "fp8")
+CPU_CHUNK_TOKENS = 256
+"""The chunk size on CPU when none is set: one step of 8,192 prompt tokens holds a CPU engine for minutes, and a
+cancel or a deadline takes effect only between steps."""
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -128,7 +132,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = field(default=8192, metadata=doc("most tokens computed in one step"))
     long_prefill_token_threshold: int | None = field(
         default=None,
-        metadata=doc("chunk size: most prompt tokens one request computes in a step; default: max_num_batched_tokens"),
+        metadata=doc(
+            f"chunk size: most prompt tokens one request computes in a step; default: max_num_batched_tokens "
+            f"(GPU), {CPU_CHUNK_TOKENS} (CPU)"
+        ),
     )
     policy: str = field(default="fcfs", metadata=doc("fcfs, or priority (lower value first, then arrival)"))
     async_scheduling: bool | None = field(
@@ -150,6 +157,12 @@ class SchedulerConfig:
             f"must be > 0, got {self.long_prefill_token_threshold}",
         )
         _require(self.policy in ("fcfs", "priority"), "policy", f"must be fcfs or priority, got {self.policy!r}")
+
+    def for_device(self, device_type: str) -> SchedulerConfig:
+        """The config a scheduler on `device_type` runs with: on CPU, with no chunk size set, CPU_CHUNK_TOKENS."""
+        if device_type != "cpu" or self.long_prefill_token_threshold is not None:
+            return self
+        return dataclasses.replace(self, long_prefill_token_threshold=CPU_CHUNK_TOKENS)
 
     @property
     def chunk_size(self) -> int:

@@ -52,7 +52,9 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.runner.max_model_len)
+        self.scheduler = Scheduler(
+            config.scheduler.for_device(self.runner.device.type), self.kv_cache_manager, self.runner.max_model_len
+        )
         configured = config.scheduler.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
         self._pending: tuple[SchedulerOutput, PendingOutput] | None = None

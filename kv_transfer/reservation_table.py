@@ -4,7 +4,10 @@ Invariants:
 - a live reservation may be written only between `begin_chunk` and `end_chunk` (it is `busy` then);
 - a reservation is released (dropped and reported through `notify`) exactly once, and never while busy: an
   expiry or abort during a write takes effect at once for the state, and the release waits for `end_chunk`,
-  so the engine never frees a block that is still being written.
+  so the engine never frees a block that is still being written;
+- a DONE reservation waits for its claim at most `claim_window_s` (or its lease, if shorter): its Decode call comes
+  right behind the transfer, and one that never comes (a call cancelled on its way) must not hold the blocks for a
+  whole lease.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from kv_transfer.state import (
     UnknownTransferError,
 )
 
+CLAIM_WINDOW_S = 5.0
+"""How long a transferred (DONE) reservation waits for its claim, at most."""
+
 _ENDED_ERRORS: dict[TransferState, type[TransferError]] = {
     TransferState.EXPIRED: TransferExpiredError,
     TransferState.ABORTED: TransferAbortedError,
@@ -52,10 +58,17 @@ class ReservationTable:
     """Thread-safe records of one receiver's transfers. `notify(transfer_id, state)` is called (under the lock, so
     it must only enqueue) when a reservation ends without a claim."""
 
-    def __init__(self, num_blocks: int, notify: Callable[[str, TransferState], None], max_ended: int = 4096) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        notify: Callable[[str, TransferState], None],
+        max_ended: int = 4096,
+        claim_window_s: float = CLAIM_WINDOW_S,
+    ) -> None:
         self._num_blocks = num_blocks
         self._notify = notify
         self._max_ended = max_ended
+        self._claim_window_s = claim_window_s
         self._cond = threading.Condition()
         self._live: dict[str, _Reservation] = {}
         # NOTE: ended ids are remembered (bounded) only to answer state() and reject late chunks precisely.
@@ -152,6 +165,7 @@ class ReservationTable:
                 self._release_locked(reservation, TransferState.FAILED)
                 return InvalidChunkError(f"last chunk of {transfer_id!r} leaves blocks {sorted(missing)} unwritten")
             if last:
+                reservation.deadline = time.monotonic() + min(reservation.lease_s, self._claim_window_s)
                 self._mark_locked(reservation, TransferState.DONE)
             return None
 

@@ -19,8 +19,12 @@ from common.telemetry_config import TelemetryConfig
 from common.tls import ClusterTLSConfig
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.config import BACKENDS, check_backend
+from pod.admission import AdmissionLimits
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
+_QUEUED_BATCHES = 4
+_MIN_WAITING = 256
+_QUEUED_STEPS = 8
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -99,6 +103,38 @@ class KVReceiverConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PodAdmissionConfig:
+    admission_max_waiting_requests: int | None = field(
+        default=None,
+        metadata=doc("prefill: calls waiting for their first token; decode: reservations not yet decoding; beyond "
+                     "it RESOURCE_EXHAUSTED + RetryInfo; default: 4 x --max-num-seqs, at least 256; 0: no limit"),
+    )  # fmt: skip
+    admission_max_queued_prompt_tokens: int | None = field(
+        default=None,
+        metadata=doc("prompt tokens of those requests; default: 8 steps of --max-num-batched-tokens; 0: no limit"),
+    )
+    admission_max_retry_s: float = field(default=5.0, metadata=doc("most retry delay a refusal advertises"))
+
+    def __post_init__(self) -> None:
+        for name in ("admission_max_waiting_requests", "admission_max_queued_prompt_tokens"):
+            value = getattr(self, name)
+            _require(value is None or value >= 0, name, f"must be >= 0, got {value}")
+        _require(
+            self.admission_max_retry_s > 0, "admission_max_retry_s", f"must be > 0, got {self.admission_max_retry_s}"
+        )
+
+    def limits(self, scheduler: SchedulerConfig) -> AdmissionLimits:
+        """The limits, defaults derived from the engine's batch: 4 batches of requests (at least 256), 8 steps of
+        tokens. NOTE: a safety valve for the pod; the router's tighter limits (router.config) do the shaping."""
+        max_waiting, max_tokens = self.admission_max_waiting_requests, self.admission_max_queued_prompt_tokens
+        return AdmissionLimits(
+            max(_QUEUED_BATCHES * scheduler.max_num_seqs, _MIN_WAITING) if max_waiting is None else max_waiting,
+            _QUEUED_STEPS * scheduler.max_num_batched_tokens if max_tokens is None else max_tokens,
+            max_retry_s=self.admission_max_retry_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PodConfig:
     """One pod's settings: its process, its engine and its telemetry (`receiver` only on decode pods); `tls`: mutual
     TLS on its gRPC server and KV sockets (off by default)."""
@@ -110,6 +146,7 @@ class PodConfig:
     telemetry: TelemetryConfig
     receiver: KVReceiverConfig | None = None
     tls: ClusterTLSConfig = field(default_factory=ClusterTLSConfig)
+    admission: PodAdmissionConfig = field(default_factory=PodAdmissionConfig)
 
 
 def parse_pod_config(
@@ -118,7 +155,7 @@ def parse_pod_config(
     """The config of `pdserve <role>` from its flags, else its `PDSERVE_*` variables of `environ` (default:
     os.environ); a bad value exits with a usage error naming its flag or variable."""
     parser = argparse.ArgumentParser(prog=f"pdserve {role}", description=f"Run a {role} pod.")
-    parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig]
+    parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig, PodAdmissionConfig]
     if with_receiver:
         parts.append(KVReceiverConfig)
     for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, TelemetryConfig, ClusterTLSConfig):
@@ -133,6 +170,7 @@ def parse_pod_config(
             config_from_args(TelemetryConfig, args, environ=environ),
             config_from_args(KVReceiverConfig, args, environ=environ) if with_receiver else None,
             config_from_args(ClusterTLSConfig, args, environ=environ),
+            config_from_args(PodAdmissionConfig, args, environ=environ),
         )
     except ConfigValueError as exc:
         parser.error(str(exc))

@@ -19,6 +19,7 @@ from common.tls import kv_client_context
 from engine.llm_engine import LLMEngine
 from kv_transfer.factory import make_sender
 from pdserve.v1 import prefill_pb2_grpc
+from pod.admission import Admission
 from pod.config import PodConfig, parse_pod_config
 from pod.run import configure_logging
 from pod.run import run_pod as run_any_pod
@@ -63,6 +64,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             on_kv_events=publisher.offer,
             tracing=runtime.tracing,
             metrics=runtime.metrics,
+            admission=Admission(config.admission.limits(engine.scheduler.config)),
         )
         publisher.start()
         worker.start()

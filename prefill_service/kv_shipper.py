@@ -5,7 +5,8 @@ Two threads call it, under one lock, so that the chunks of a transfer never inte
   whole prompt is computed, the rest (the last, maybe partial, block) as the last chunk;
 - the event loop's keepalive task (`keep_alive`): an empty chunk for a request that has sent nothing for a third
   of its reservation's lease (queued behind other prefills, or inside one long engine step), which renews the
-  decode pod's reservation (and this sender's lease, through its ack).
+  decode pod's reservation (and this sender's lease, through its ack). A shipment is added when its call arrives
+  (`add`), so keepalives run while it waits for the engine; blocks ship once the engine has it (`admitted`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Shipment:
     keepalive_s: float
     last_sent_at: float
     num_sent_blocks: int = 0
+    in_engine: bool = False
+    """Whether the engine has the request; before, the shipment only sends keepalives."""
 
 
 class KVShipper:
@@ -50,20 +53,32 @@ class KVShipper:
         self._shipments: dict[str, Shipment] = {}
 
     def add(self, transfer_id: str, shipment: Shipment) -> None:
+        """Event loop, when the call arrives: keepalives start now."""
         with self._lock:
             self._shipments[transfer_id] = shipment
 
-    def forget(self, transfer_id: str, endpoint: str) -> None:
-        """Ship nothing more for the request and abort its transfer (a no-op if it already ended), telling the
-        receiver at `endpoint` even if no chunk went out yet (its reservation would otherwise wait for its lease)."""
+    def admitted(self, transfer_id: str) -> None:
+        """Engine thread, in the command that adds the request: its blocks ship from the next step on."""
+        with self._lock:
+            shipment = self._shipments.get(transfer_id)
+            if shipment is not None:
+                shipment.in_engine = True
+
+    def forget(self, transfer_id: str, endpoint: str | None) -> None:
+        """Ship nothing more for the request; with `endpoint`, abort its transfer (a no-op if it already ended),
+        telling the receiver there even if no chunk went out yet (its reservation would otherwise wait for its
+        lease). None: the transfer already ended."""
         with self._lock:
             self._shipments.pop(transfer_id, None)
-            self._sender.abort(transfer_id, endpoint)
+            if endpoint is not None:
+                self._sender.abort(transfer_id, endpoint)
 
     def ship_ready(self, engine: LLMEngine) -> None:
         """Engine thread, after a step: ship every request's newly computed blocks; forget requests that are gone."""
         with self._lock:
             for transfer_id, shipment in list(self._shipments.items()):
+                if not shipment.in_engine:
+                    continue
                 progress = engine.kv_progress(transfer_id)
                 if progress is None:
                     del self._shipments[transfer_id]

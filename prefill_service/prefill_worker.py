@@ -53,6 +53,7 @@ from engine.scheduler_output import EngineOutput
 from kv_transfer.base import KVSender
 from kv_transfer.state import TransferError
 from kv_transfer.target import KVTarget
+from pod.admission import Admission, AdmissionLimits
 from pod.worker import PodLoad, read_load, report_engine_state
 from prefill_service.chunk_spans import ChunkSpans
 from prefill_service.kv_shipper import KEEPALIVES_PER_LEASE, KVShipper, Shipment
@@ -81,8 +82,10 @@ class PrefillWorker:
         on_kv_events: KVEventSink | None = None,
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
+        admission: Admission | None = None,
     ) -> None:
-        """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own."""
+        """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own;
+        `admission` limits the calls waiting for their first token (default: no limit)."""
         self.info = engine.info
         self._lease_s = lease_s
         self._sender = sender
@@ -97,6 +100,7 @@ class PrefillWorker:
         self._transfer_ends = TransferEnds(sender, backend, self._metrics, self._async_engine)
         sender.on_finished = self._transfer_ends.on_transfer_finished
         self._shipper = KVShipper(sender, engine.info.block_size, on_failed=self._transfer_ends.on_ship_failed)
+        self._admission = admission or Admission(AdmissionLimits())
         self._keepalive_task: asyncio.Task[None] | None = None
         self._draining = False
 
@@ -140,18 +144,21 @@ class PrefillWorker:
         """Run one Prefill call: yields FirstToken, then (unless it ended the request) TransferDone.
 
         Raises InvalidArgumentError for bad input, LayoutMismatchError for a foreign KV layout, UnavailableError
-        while draining, and the transfer's TransferError if it ends without DONE. `request_id` (the router's) is
-        only for logs and spans.
+        while draining, ResourceExhaustedError beyond the admission limits, and the transfer's TransferError if it
+        ends without DONE. `request_id` (the router's) is only for logs and spans.
         """
         if self._draining:
             raise UnavailableError("prefill pod is draining")
         self._checks.check(prompt_token_ids, params, target, self._transfer_ends)
+        ticket = self._admission.admit("", len(prompt_token_ids))
         arrival, arrival_ns = time.monotonic(), time.time_ns()
         transfer_id = target.transfer_id
         ended = self._transfer_ends.open(transfer_id, request_id)
-        # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived.
+        # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived; they
+        # start now, not when the engine takes the request up, so that a long queue lets no reservation lapse.
         keepalive_s = (target.lease_s or self._lease_s) / KEEPALIVES_PER_LEASE
         shipment = Shipment(target, len(prompt_token_ids), keepalive_s, last_sent_at=arrival)
+        self._shipper.add(transfer_id, shipment)
         first_params = dataclasses.replace(params, max_tokens=1)
         transfer_span = self._tracing.tracer.start_span(
             "kv_transfer",
@@ -162,9 +169,9 @@ class PrefillWorker:
         first: FirstToken | None = None
         try:
             first = await self._traced_first_token(
-                request_id, transfer_id, shipment, prompt_token_ids, first_params, params, cache_salt,
-                (arrival, arrival_ns),
-            )  # fmt: skip
+                request_id, transfer_id, prompt_token_ids, first_params, params, cache_salt, (arrival, arrival_ns)
+            )
+            self._admission.start(ticket)
             if first is None:
                 # NOTE: a transfer's end resolves `ended` before its abort reaches the request's stream.
                 raise (ended.result() if ended.done() else None) or TransferError(
@@ -178,6 +185,7 @@ class PrefillWorker:
             finished = True
             yield done
         finally:
+            self._admission.finish(ticket)
             self._close(target, request_id, ended, finished, first is None, arrival)
             transfer_span.end()
 
@@ -200,8 +208,7 @@ class PrefillWorker:
         transfer_id = target.transfer_id
         self._transfer_ends.close(transfer_id)
         self._chunk_spans.pop_first_scheduled_ns(transfer_id)
-        if not ended.done():
-            self._shipper.forget(transfer_id, target.endpoint)
+        self._shipper.forget(transfer_id, None if ended.done() else target.endpoint)
         if not finished:
             state = "failed" if ended.done() and ended.result() is not None else "aborted"
             logger.info("prefill of request %r (transfer %s) ended early: %s", request_id, transfer_id, state)
@@ -212,7 +219,6 @@ class PrefillWorker:
         self,
         request_id: str,
         transfer_id: str,
-        shipment: Shipment,
         prompt_token_ids: list[int],
         first_params: SamplingParams,
         params: SamplingParams,
@@ -229,7 +235,7 @@ class PrefillWorker:
         }
         with self._tracing.span("prefill", attributes):
             first = await self._first_token(
-                transfer_id, shipment, prompt_token_ids, first_params, params, cache_salt, arrival[0], capture_context()
+                transfer_id, prompt_token_ids, first_params, params, cache_salt, arrival[0], capture_context()
             )
             if first is None:
                 return None
@@ -248,7 +254,6 @@ class PrefillWorker:
     async def _first_token(
         self,
         transfer_id: str,
-        shipment: Shipment,
         prompt_token_ids: list[int],
         first_params: SamplingParams,
         params: SamplingParams,
@@ -260,7 +265,7 @@ class PrefillWorker:
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(transfer_id, prompt_token_ids, first_params, hold_kv=True, cache_salt=cache_salt)
-            self._shipper.add(transfer_id, shipment)
+            self._shipper.admitted(transfer_id)
             self._chunk_spans.track(transfer_id, len(prompt_token_ids), trace_context)
 
         async with aclosing(self._async_engine.generate(transfer_id, add)) as outputs:

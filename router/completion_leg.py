@@ -2,9 +2,12 @@
 
 1. `open`: Reserve the prompt's KV blocks on the decode pod (counted on it from the pick), start Prefill with that
    KV target, and wait for the Prefill stream's first message, the first token.
-2. `decode`: call Decode on the reserving pod (the reservation is claimed), while the rest of the Prefill stream
-   (the KV transfer's end) is read beside it; yields the decode steps up to the one with a finish reason.
-3. `aclose`: cancel whatever pod call is still open and Release a reservation that no Decode claimed.
+2. `decode`: call Decode on the reserving pod (the reservation counts as claimed once the completion `finished`),
+   while the rest of the Prefill stream (the KV transfer's end) is read beside it; yields the decode steps up to
+   the one with a finish reason.
+3. `aclose`: cancel whatever pod call is still open and Release a reservation that no Decode claimed, on a task
+   of its own so that a second cancellation cannot strand it; a leg cancelled mid-Reserve Releases what the pod
+   reserved once Reserve answers.
 A KV target answered under another generation than the decode pod's listed one (the pod restarted under the same
 id and address) fails the leg: a reference is only ever used with the incarnation that made it.
 A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: UNAVAILABLE
@@ -39,6 +42,7 @@ _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
 _TRANSFER_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION})
 _LEG_FAILURE_CODES = _TRANSFER_CODES | {grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+_RELEASING: set[asyncio.Task[None]] = set()
 
 
 class LegFailed(Exception):
@@ -97,15 +101,20 @@ class CompletionLeg:
         num_blocks = -(-num_prompt_tokens // self._ctx.block_size)
         self._stack.enter_context(self._ctx.load.decoding(self.decode_pod.pod_id, num_blocks))
         timeout = self._ctx.remaining_s(self._plan.deadline)
+        reserving = asyncio.ensure_future(
+            decode_client.reserve(self.request_id, num_prompt_tokens, self._input.params.max_tokens, timeout)
+        )
         with blamed_on(self.decode_pod.pod_id):
             try:
-                self._target = await decode_client.reserve(
-                    self.request_id, num_prompt_tokens, self._input.params.max_tokens, timeout
-                )
+                self._target = await asyncio.shield(reserving)
+            except asyncio.CancelledError:
+                # NOTE: cancelled mid-Reserve: the pod may reserve all the same; Release it once Reserve answers.
+                reserving.add_done_callback(self._release_when_reserved)
+                raise
             except ResourceExhaustedError as exc:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise DecodePodFull(str(exc)) from exc
-        self._stack.push_async_callback(self._release_unclaimed)
+        self._stack.push_async_callback(lambda: asyncio.shield(self._release_in_background()))
         self._check_generation(self._target)
         stream = self._ctx.pods.client(self.prefill_pod).prefill(
             self.request_id, self._input.token_ids, self._input.params, self._target, self._plan.cache_salt,
@@ -129,7 +138,6 @@ class CompletionLeg:
         assert self._target is not None and self._prefill_stream is not None
         self._transfer = asyncio.create_task(self._transfer_done(), name=f"transfer-{self.request_id}")
         self._stack.push_async_callback(cancel_and_wait, self._transfer)
-        self._claimed = True
         steps = self._ctx.pods.client(self.decode_pod).decode(
             self.request_id, self._target.transfer_id, self._input.token_ids, first_token_id, self._input.params,
             self._plan.cache_salt, self._ctx.remaining_s(self._plan.deadline),
@@ -146,6 +154,12 @@ class CompletionLeg:
             await blamed.aclose()
             await steps.aclose()
         raise LegFailed(self.decode_pod.pod_id, f"decode pod {self.decode_pod.pod_id} ended the stream unfinished")
+
+    def finished(self) -> None:
+        """The completion ended on this leg's Decode (a finish reason, or a stop string the router matched): the pod
+        claimed the reservation, so no Release follows. NOTE: not claimed when Decode is called: a call cancelled
+        before it reached the pod leaves the reservation unclaimed there (a Release of a claimed one is a no-op)."""
+        self._claimed = True
 
     async def transfer_result(self) -> TransferDone | None:
         """The KV transfer's TransferDone if it comes within a second of the call; None otherwise."""
@@ -175,6 +189,17 @@ class CompletionLeg:
         assert self._prefill_stream is not None
         with blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id):
             return await transfer_done(self._prefill_stream)
+
+    def _release_when_reserved(self, reserving: asyncio.Future[KVTarget]) -> None:
+        if not reserving.cancelled() and reserving.exception() is None:
+            self._target = reserving.result()
+            self._release_in_background()
+
+    def _release_in_background(self) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._release_unclaimed(), name=f"release-{self.request_id}")
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+        return task
 
     async def _release_unclaimed(self) -> None:
         """Release the reservation unless a Decode call claimed it (best effort: it lapses anyway)."""

@@ -118,6 +118,7 @@ class CompletionRun:
                 last_token_at = now
                 chunk = self._chunk(step, leg)
                 if chunk.finish_reason is not None:
+                    leg.finished()
                     yield dataclasses.replace(chunk, metrics=self._metrics(leg, await leg.transfer_result()))
                     return
                 yield chunk

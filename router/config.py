@@ -47,6 +47,21 @@ class RouterConfig:
     max_id_chars: int = field(
         default=256, metadata=doc("longest request_id and cache_salt, in characters (printable ASCII for request_id)")
     )
+    max_waiting_requests_per_prefill_pod: int = field(
+        default=64,
+        metadata=doc("admission: requests waiting for their first token, per live prefill pod, beyond which a "
+                     "Generate call gets RESOURCE_EXHAUSTED + RetryInfo (0: no limit)"),
+    )  # fmt: skip
+    max_queued_prompt_tokens_per_prefill_pod: int = field(
+        default=65536,
+        metadata=doc("admission: prompt tokens waiting for their first token, per live prefill pod (0: no limit)"),
+    )
+    max_streams_per_client: int = field(
+        default=256,
+        metadata=doc("admission: Generate streams one client may hold open (0: no limit); the client is the "
+                     "call's x-client-id metadata value, else its peer address without the port"),
+    )  # fmt: skip
+    max_retry_s: float = field(default=5.0, metadata=doc("admission: most retry delay a refusal advertises"))
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
@@ -65,6 +80,11 @@ class RouterConfig:
         )
         for name in ("max_n", "max_stop_strings", "max_stop_string_chars", "max_id_chars"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "max_waiting_requests_per_prefill_pod", "max_queued_prompt_tokens_per_prefill_pod", "max_streams_per_client"
+        ):  # fmt: skip
+            _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        _require(self.max_retry_s > 0, "max_retry_s", f"must be > 0, got {self.max_retry_s}")
 
 
 @dataclass(frozen=True, slots=True)

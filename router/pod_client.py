@@ -2,10 +2,10 @@
 
 Protobuf stays here: callers pass and get plain values (`router.outputs`). Failures that the router
 acts on become pdserve errors: UNAVAILABLE -> UnavailableError (the pod is gone or draining; try
-another), RESOURCE_EXHAUSTED -> ResourceExhaustedError (no KV blocks there), INVALID_ARGUMENT with a
-BadRequest -> InvalidArgumentError naming the same field (reported under its public path). Any other
-status propagates as the grpc.aio.AioRpcError, which the router's ErrorInterceptor passes on to its
-client with the pod's status and details.
+another), RESOURCE_EXHAUSTED -> ResourceExhaustedError (no KV blocks there, or overloaded; its RetryInfo
+kept), INVALID_ARGUMENT with a BadRequest -> InvalidArgumentError naming the same field (reported under its
+public path). Any other status propagates as the grpc.aio.AioRpcError, which the router's ErrorInterceptor
+passes on to its client with the pod's status and details.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import bad_request_fields
+from common.grpc_errors import bad_request_fields, retry_delay_s
 from common.grpc_server import message_size_options
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
@@ -50,7 +50,7 @@ def _mapped_errors(pod_id: str, rpc: str) -> Iterator[None]:
         if code is grpc.StatusCode.UNAVAILABLE:
             raise UnavailableError(f"{rpc} on pod {pod_id}: {exc.details()}") from exc
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            raise ResourceExhaustedError(f"{rpc} on pod {pod_id}: {exc.details()}") from exc
+            raise ResourceExhaustedError(f"{rpc} on pod {pod_id}: {exc.details()}", retry_delay_s(exc)) from exc
         violations = bad_request_fields(exc) if code is grpc.StatusCode.INVALID_ARGUMENT else []
         if violations:
             # NOTE: re-raised so that the router's interceptor reports the public field path (a pod may name

@@ -55,6 +55,8 @@ class GenerateInput:
     messages: tuple[ChatMessage, ...] | None = None
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None
+    client_id: str = ""
+    """Who sent the call, for the per-client admission limit (router.admission.client_id)."""
 
 
 class PrefixLookup(Protocol):
@@ -132,6 +134,7 @@ class RequestLifecycle:
         self, request: GenerateInput, arrival: float, timeout_s: float | None
     ) -> AsyncGenerator[CompletionChunk, None]:
         params = request.params
+        self._ctx.admission.check(request.client_id)
         self._checks.check_ids(request.request_id, request.cache_salt)
         self._checks.check_params(params)
         with self._ctx.tracing.span("tokenize") as span:
@@ -145,7 +148,8 @@ class RequestLifecycle:
         num_open = params.n
         num_completion_tokens = 0
         num_cached_tokens = len(token_ids)
-        async with contextlib.aclosing(_merged(runs)) as chunks:
+        admitted = self._ctx.admission.gate(_merged(runs), request.client_id, len(token_ids) * params.n)
+        async with contextlib.aclosing(admitted) as chunks:
             async for chunk in chunks:
                 num_completion_tokens += len(chunk.token_ids)
                 if chunk.finish_reason is not None:

@@ -31,6 +31,7 @@ from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
+from router.admission import RouterAdmission
 from router.config import RouterConfig, RoutingConfig
 from router.local_load import LocalLoads
 from router.migration import RetryBudget
@@ -77,9 +78,10 @@ class RouterApp:
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
             channel_security=security.pod_channels(),
         )  # fmt: skip
+        admission = RouterAdmission(config, lambda: len(self._pods.pods("prefill")))
         context = RunContext(
             self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
-            routing.max_attempts, time.monotonic, tracing, metrics,
+            routing.max_attempts, time.monotonic, tracing, metrics, admission,
             RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst),
         )  # fmt: skip
         self._server = grpc.aio.server(

@@ -12,6 +12,8 @@ from transformers import PreTrainedTokenizerBase
 
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
+from router.admission import RouterAdmission
+from router.config import RouterConfig
 from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.pod_view import PodView
@@ -32,6 +34,7 @@ class RunContext:
     clock: Callable[[], float]
     tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
     metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
+    admission: RouterAdmission = field(default_factory=lambda: RouterAdmission(RouterConfig(), lambda: 1))
     retry_budget: RetryBudget = field(default_factory=lambda: RetryBudget(rate_per_s=10.0, burst=100))
     """Retries left to the whole router (see router.migration)."""
     rng: random.Random = field(default_factory=random.Random)

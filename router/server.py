@@ -18,6 +18,7 @@ from common.metrics import ServiceMetrics
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
+from router.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle
 from router.tokenizer_pool import ChatMessage
@@ -38,7 +39,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateResponse]:
         try:
-            call = _generate_input(request)
+            call = _generate_input(request, client_id(context.invocation_metadata() or (), context.peer()))
             async with contextlib.aclosing(self._lifecycle.generate(call, context.time_remaining())) as chunks:
                 async for chunk in chunks:
                     yield _response(call.request_id, chunk)
@@ -69,7 +70,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         return generation_pb2.TokenizeResponse(token_ids=token_ids, num_tokens=len(token_ids))
 
 
-def _generate_input(request: generation_pb2.GenerateRequest) -> GenerateInput:
+def _generate_input(request: generation_pb2.GenerateRequest, client: str) -> GenerateInput:
     which = request.WhichOneof("input")
     params = (
         sampling_params_from_pb(request.sampling_params) if request.HasField("sampling_params") else SamplingParams()
@@ -81,6 +82,7 @@ def _generate_input(request: generation_pb2.GenerateRequest) -> GenerateInput:
         messages=_chat_messages(request.messages) if which == "messages" else None,
         token_ids=tuple(request.token_ids.token_ids) if which == "token_ids" else None,
         cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
+        client_id=client,
     )
 
 

@@ -52,6 +52,10 @@ class _Servicer(generation_pb2_grpc.GenerationServiceServicer):
             raise InvalidArgumentError("prompt", "too long")
         if request.text == "unavailable":
             raise UnavailableError("no decode pod")
+        if request.text == "overloaded":
+            raise ResourceExhaustedError("overloaded: 3 requests waiting", retry_after_s=0.2504)
+        if request.text == "unplaceable":
+            raise UnavailableError("no pair left", retry_after_s=1.5)
         if request.text == "abort":
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
         if request.text == "downstream":
@@ -128,6 +132,26 @@ def test_resource_exhausted_carries_retry_info() -> None:
         assert detail.Unpack(retry_info)
         assert retry_info.retry_delay.ToNanoseconds() == 1_000_000_000
         assert bad_request_fields(raised.value) == []
+
+    _run(test)
+
+
+def test_an_errors_own_retry_after_is_its_retry_info_in_milliseconds() -> None:
+    async def test(stub: Any, address: str, health: HealthState) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as overloaded:
+            await stub.Tokenize(generation_pb2.TokenizeRequest(text="overloaded"))
+        assert (overloaded.value.code(), overloaded.value.details()) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "overloaded: 3 requests waiting",
+        )
+        assert retry_delay_s(overloaded.value) == 0.25
+        with pytest.raises(grpc.aio.AioRpcError) as unplaceable:
+            await stub.Tokenize(generation_pb2.TokenizeRequest(text="unplaceable"))
+        assert unplaceable.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert retry_delay_s(unplaceable.value) == 1.5
+        with pytest.raises(grpc.aio.AioRpcError) as plain:
+            await stub.Tokenize(generation_pb2.TokenizeRequest(text="unavailable"))
+        assert retry_delay_s(plain.value) is None
 
     _run(test)
 

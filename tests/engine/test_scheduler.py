@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.sampling_params import SamplingParams
-from engine.config import SchedulerConfig
+from engine.config import CPU_CHUNK_TOKENS, SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler import Scheduler
@@ -194,3 +194,9 @@ def test_release_of_a_running_held_request_frees_its_blocks_when_it_finishes() -
     assert s.kv.num_free_blocks == 64 - 3
     (out,) = s.update_from_output(first, RunnerOutput({"p": 7}, {"p": None}))
     assert out.finish_reason == "length" and "p" not in s.held_kv and s.kv.num_free_blocks == 64
+
+
+def test_a_cpu_scheduler_chunks_prompts_unless_a_chunk_size_is_set() -> None:
+    assert SchedulerConfig().for_device("cpu").chunk_size == CPU_CHUNK_TOKENS == 256
+    assert SchedulerConfig().for_device("cuda").chunk_size == 8192
+    assert SchedulerConfig(long_prefill_token_threshold=1024).for_device("cpu").chunk_size == 1024

@@ -147,3 +147,20 @@ def test_a_chunk_naming_a_block_twice_fails(table: ReservationTable, notified: l
     with pytest.raises(InvalidChunkError, match="repeats"):
         table.begin_chunk("t", [1, 1])
     assert notified == [("t", S.FAILED)]
+
+
+def test_a_transferred_reservation_waits_for_its_claim_only_the_claim_window(
+    notified: list[tuple[str, TransferState]],
+) -> None:
+    table = ReservationTable(8, lambda tid, state: notified.append((tid, state)), claim_window_s=0.02)
+    table.expect("done", [1], 10.0)
+    table.expect("transferring", [2, 3], 10.0)
+    table.begin_chunk("done", [1])
+    table.end_chunk("done", [1], last=True, complete=True)
+    table.begin_chunk("transferring", [2])
+    table.end_chunk("transferring", [2], last=False, complete=True)
+    time.sleep(0.05)
+    table.reap()
+    # the DONE one lapsed after the claim window; the one still transferring keeps its 10 s lease
+    assert notified == [("done", S.EXPIRED)]
+    assert table.state("transferring") is S.TRANSFERRING

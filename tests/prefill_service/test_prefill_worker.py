@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import ResourceExhaustedError
 from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
@@ -19,6 +20,7 @@ from kv_transfer.base import KVSender, TransferStats, ignore_hook
 from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferState, UnknownTransferError
 from kv_transfer.target import KVTarget
+from pod.admission import Admission, AdmissionLimits
 from prefill_service.prefill_events import PrefillEvent, TransferDone
 from prefill_service.prefill_worker import PrefillWorker
 
@@ -151,5 +153,65 @@ async def test_call_cancelled_before_its_first_chunk_aborts_the_transfer_at_its_
         assert sender.aborts == [("short", "127.0.0.1:2")]
         assert [type(e).__name__ for e in await long_call] == ["FirstToken", "TransferDone"]
         await _wait_until_all_blocks_free(worker, 64)
+    finally:
+        await worker.aclose()
+
+
+async def test_keepalives_start_at_arrival_while_the_engine_is_inside_a_long_step(tiny_model: Path) -> None:
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
+    worker.start()
+    step_running, step_done = threading.Event(), threading.Event()
+
+    def long_step(engine: LLMEngine) -> None:
+        step_running.set()
+        step_done.wait(5.0)
+
+    try:
+        busy = asyncio.ensure_future(worker._async_engine.call(long_step))
+        assert await asyncio.to_thread(step_running.wait, 5.0)
+        target = KVTarget("queued", "tcp", "127.0.0.1:1", (7, 9), sender.layout, 0.03)
+        prompt = [random.Random(2).randrange(512) for _ in range(20)]
+        queued = asyncio.ensure_future(_run(worker, prompt, target))
+        await asyncio.sleep(0.2)
+        # The engine has not seen the request yet; its reservation is kept alive all the same.
+        assert len(sender.sends) >= 3 and all(s == ("queued", [], [], False) for s in sender.sends)
+        step_done.set()
+        await busy
+        events = await queued
+        assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
+        assert [(len(src), dst, last) for _, src, dst, last in sender.sends if src] == [(2, [7, 9], True)]
+    finally:
+        await worker.aclose()
+
+
+async def test_calls_beyond_the_admission_limit_are_refused_with_a_retry_delay(tiny_model: Path) -> None:
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    limits = AdmissionLimits(max_waiting_requests=1, max_retry_s=2.5)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0, admission=Admission(limits))
+    worker.start()
+    step_running, step_done = threading.Event(), threading.Event()
+
+    def long_step(engine: LLMEngine) -> None:
+        step_running.set()
+        step_done.wait(5.0)
+
+    try:
+        busy = asyncio.ensure_future(worker._async_engine.call(long_step))
+        assert await asyncio.to_thread(step_running.wait, 5.0)
+        prompt = [random.Random(3).randrange(512) for _ in range(20)]
+        first = asyncio.create_task(_run(worker, prompt, KVTarget("a", "tcp", "127.0.0.1:1", (1, 2), sender.layout)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ResourceExhaustedError) as refused:
+            await _run(worker, prompt, KVTarget("b", "tcp", "127.0.0.1:1", (3, 4), sender.layout))
+        assert str(refused.value) == "overloaded: 1 requests waiting (limit 1)"
+        assert refused.value.retry_after_s == 2.5
+        step_done.set()
+        await busy
+        assert [type(e).__name__ for e in await first] == ["FirstToken", "TransferDone"]
+        events = await _run(worker, prompt, KVTarget("c", "tcp", "127.0.0.1:1", (5, 6), sender.layout))
+        assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
     finally:
         await worker.aclose()

@@ -159,7 +159,13 @@ async def test_client_cancellation_cancels_prefill_and_decode(
         call.cancel()
         await asyncio.wait_for(decode.cancelled.wait(), WAIT_S)
         await asyncio.wait_for(prefill.cancelled.wait(), WAIT_S)
-    assert decode.releases == []
+        for _ in range(250):
+            if decode.releases:
+                break
+            await asyncio.sleep(0.02)
+    # NOTE: Released although Decode claimed it (a no-op on a real pod): the router cannot tell whether its cancelled
+    # Decode call reached the pod, and an unclaimed reservation would hold its blocks until the claim window lapses.
+    assert decode.releases == ["decode-0-t1"]
 
 
 async def test_cancellation_before_the_first_token_releases_the_reservation(

@@ -1,0 +1,71 @@
+"""The router's admission control: how many Generate calls may wait for a first token, and per client.
+
+A call is checked on arrival (`check`: waiting requests and the client's streams, so that a refusal costs no
+tokenizing), and admitted once its prompt is tokenized, before any pod is asked for anything (`gate`):
+1. the limits of RouterConfig apply, the queue limits per live prefill pod (a cluster with more prefill pods
+   drains faster): requests waiting for their first token, their prompt tokens, and streams per client;
+   beyond any, the call ends RESOURCE_EXHAUSTED with a RetryInfo of the queue's drain time (pod.admission);
+2. its first chunk (the first token) takes it out of the queue;
+3. the stream's end, however it ends, closes its client's stream.
+A client is the value of the call's `x-client-id` metadata key, else its peer address without the port.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable
+from contextlib import aclosing
+from typing import TypeVar
+
+from pod.admission import Admission, AdmissionLimits
+from router.config import RouterConfig
+
+CLIENT_ID_KEY = "x-client-id"
+T = TypeVar("T")
+
+
+def client_id(metadata: Iterable[tuple[str, str | bytes]], peer: str) -> str:
+    """The client of a call: its `x-client-id` metadata value, else `peer` ("ipv4:1.2.3.4:5678") without the port."""
+    for key, value in metadata:
+        if key == CLIENT_ID_KEY and value:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    host, _, port = peer.rpartition(":")
+    return host if host and port.isdigit() else peer
+
+
+class RouterAdmission:
+    """Admission over this router's Generate calls; `num_prefill_pods()` counts the live prefill pods."""
+
+    def __init__(
+        self, config: RouterConfig, num_prefill_pods: Callable[[], int], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._per_pod = AdmissionLimits(
+            config.max_waiting_requests_per_prefill_pod,
+            config.max_queued_prompt_tokens_per_prefill_pod,
+            config.max_streams_per_client,
+            max_retry_s=config.max_retry_s,
+        )
+        self._num_prefill_pods = num_prefill_pods
+        self.admission = Admission(self._per_pod, clock)
+
+    def limits(self) -> AdmissionLimits:
+        """The limits now: the queue limits times the live prefill pods (at least one)."""
+        return self._per_pod.scaled(max(self._num_prefill_pods(), 1))
+
+    def check(self, client: str) -> None:
+        """ResourceExhaustedError now if a call of `client` would be refused whatever its prompt."""
+        self.admission.check(client, 0, self.limits())
+
+    async def gate(
+        self, chunks: AsyncGenerator[T, None], client: str, num_prompt_tokens: int
+    ) -> AsyncGenerator[T, None]:
+        """`chunks`, admitted first (ResourceExhaustedError before any is asked for), counted as waiting until the
+        first one arrives and as one of `client`'s streams until the end."""
+        ticket = self.admission.admit(client, num_prompt_tokens, self.limits())
+        try:
+            async with aclosing(chunks) as admitted:
+                async for chunk in admitted:
+                    self.admission.start(ticket)
+                    yield chunk
+        finally:
+            self.admission.finish(ticket)
