@@ -55,7 +55,7 @@ import sys
 
 names = ["torch", "triton", "transformers", "tokenizers", "grpcio", "protobuf", "grpcio-health-checking",
          "grpcio-reflection", "grpcio-status", "googleapis-common-protos", "redis", "opentelemetry-sdk",
-         "prometheus-client", "numpy", "tqdm"]
+         "prometheus-client", "numpy", "tqdm", "gguf"]
 def version(name: str) -> str:
     try:
         return md.version(name)

@@ -15,7 +15,8 @@ DEST="${WHEEL_DIR:-.whl}"
 # NOTE: the GPU machine has grpcio 1.84 and an unknown protobuf. The generated pdserve/v1 code (grpcio-tools 1.84,
 # protoc 7.35.1) needs protobuf >= 7.35.1 at run time, and grpcio-health-checking/-reflection 1.84 need the same,
 # so protobuf travels too (first on PYTHONPATH, it shadows the machine's own). The grpcio-* helpers are pinned to
-# 1.84.0: each refuses to import under a grpcio older than itself. opentelemetry's exporters are all imported by
+# 1.84.0: each refuses to import under a grpcio older than itself. gguf (GGUF files loaded directly) needs only
+# numpy, pyyaml, requests and tqdm, which the GPU machine has. opentelemetry's exporters are all imported by
 # common/telemetry.py at start-up, tracing on or off.
 WHEELS=(
   protobuf==7.36.2
@@ -24,6 +25,7 @@ WHEELS=(
   grpcio-reflection==1.84.0
   grpcio-status==1.84.0
   redis==8.1.0
+  gguf==0.19.0
   opentelemetry-api==1.45.2
   opentelemetry-sdk==1.45.2
   opentelemetry-semantic-conventions==0.66b2
