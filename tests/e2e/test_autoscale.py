@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import csv
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -141,12 +142,23 @@ def timeline(cluster: LocalCluster, run_name: str) -> Iterator[None]:
         sampler.join()
 
 
+def status_pods(cluster: LocalCluster, role: PodRole) -> list[tuple[str, str]]:
+    """(pod_id, state) of `role`'s pods as `pdserve status --json` prints them."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "cli.main", "status", "--redis-url", cluster.redis_url, "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pods = json.loads(printed.stdout)["pods"]
+    return sorted((pod["pod_id"], pod["state"]) for pod in pods if pod["role"] == role)
+
+
 def scale_out_then_in(
     cluster: LocalCluster, config: AutoscalerConfig, role: PodRole, sizes: tuple[int, int], steady_s: float
 ) -> None:
     """Under CONCURRENCY requests of `sizes` (prompt tokens, max tokens), `role` goes from 1 pod to 2 and stays at
     2 for `steady_s` more; then, under a trickle of one request at a time, its less loaded pod drains and exits 0.
-    The other role stays at 1 throughout; no request fails; each count changed exactly once each way."""
+    The other role stays at 1 throughout; no request fails; each count changed exactly once each way; the scale-out
+    shows in `pdserve status --json`."""
     other: PodRole = "decode" if role == "prefill" else "prefill"
     with timeline(cluster, f"{role}-heavy"):
         autoscaler, _ = start_for_cluster(config, cluster)
@@ -162,6 +174,7 @@ def scale_out_then_in(
                 try:
                     scaled_out = wait_until(lambda: len(active(cluster, role)) == 2, 60.0, interval_s=0.2)
                     assert active(cluster, other) == [f"{other}-0"]
+                    assert status_pods(cluster, role) == [(f"{role}-0", "serving"), (f"{role}-1", "serving")]
                     steady = not wait_until(lambda: len(active(cluster, role)) != 2, steady_s, interval_s=0.2)
                 finally:
                     load.stop()
