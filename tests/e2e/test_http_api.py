@@ -10,10 +10,14 @@ the new RPCs.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -37,6 +41,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CANCEL_BOUND_S = 2.0 + HEARTBEAT_S
 PROMPT = "The three primary colors are"
 MESSAGES = [{"role": "user", "content": "Name a fruit."}]
+OPENAI_VENV = Path("/tmp/openai-venv")
+"""Where the `openai` SDK lives, apart from pdserve's environment."""
 
 
 def _free_port() -> int:
@@ -227,6 +233,40 @@ def test_server_info_and_reflection_v1(
              for raw in described.file_descriptor_response.file_descriptor_proto]  # fmt: skip
     [service] = [s for f in files for s in f.service if s.name == "GenerationService"]
     assert {"Abort", "GetServerInfo", "GetLoad"} <= {m.name for m in service.method}
+
+
+def _openai_python() -> Path:
+    """The Python of a virtualenv holding the `openai` SDK (made when missing); skips when pip cannot get it."""
+    python = OPENAI_VENV / "bin" / "python"
+    if subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", OPENAI_VENV], check=True, timeout=120)
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", "openai"], capture_output=True, text=True,
+                               timeout=600)  # fmt: skip
+    if installed.returncode != 0:
+        pytest.skip(f"pip could not install openai (no PyPI?): {installed.stderr[-500:]}")
+    return python
+
+
+def test_the_openai_sdk_gets_what_the_grpc_api_gets(http_cluster: LocalCluster, grpc_client: GenerationClient) -> None:
+    """Acceptance 1: the official SDK, in a virtualenv of its own, against the router's HTTP API."""
+    script = Path(__file__).parents[2] / "scripts" / "openai_sdk_check.py"
+    max_tokens = 12
+    checked = subprocess.run(
+        [_openai_python(), script, "--base-url", f"{http_cluster.http_url}/v1", "--api-key", TOKEN,
+         "--prompt", PROMPT, "--chat", MESSAGES[0]["content"], "--max-tokens", str(max_tokens)],
+        capture_output=True, text=True, timeout=300, env={"PATH": os.environ.get("PATH", "")},
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    got = json.loads(checked.stdout)
+    text = run(grpc_client, prompt=PROMPT, max_tokens=max_tokens, temperature=0.0)
+    chat = run(grpc_client, messages=MESSAGES, max_tokens=max_tokens, temperature=0.0)
+    assert got["models"] == ["smollm2-135m"]
+    for key, expected in (("completion", text), ("completion_stream", text), ("chat", chat), ("chat_stream", chat)):
+        usage = {"prompt_tokens": expected.usage.prompt_tokens, "completion_tokens": expected.usage.completion_tokens,
+                 "total_tokens": expected.usage.prompt_tokens + expected.usage.completion_tokens}  # fmt: skip
+        assert (got[key]["text"], got[key]["usage"]) == (expected.text, usage), key
+    assert got["completion_stream"]["num_chunks"] == text.usage.completion_tokens
 
 
 def test_get_load_shows_a_draining_pod(
