@@ -210,10 +210,10 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         cluster.start()
         print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
               f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
-        if cluster.http_url is not None:
-            print(f"  OpenAI-compatible HTTP API: {cluster.http_url}/v1", flush=True)
         for name, url in cluster.metrics_urls.items():
             print(f"  {name} metrics: {url}", flush=True)
+        if cluster.http_url is not None:
+            print(f"  OpenAI-compatible HTTP API: {cluster.http_url}/v1", flush=True)
         if config.credentials is not None:
             folder = config.credentials.folder
             print(f"  secure: TLS (CA {folder / 'ca.pem'}), bearer token in {folder / 'tokens'}, mTLS inside; "
