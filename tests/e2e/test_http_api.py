@@ -241,8 +241,8 @@ def _openai_python() -> Path:
     if subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0:
         return python
     subprocess.run([sys.executable, "-m", "venv", OPENAI_VENV], check=True, timeout=120)
-    installed = subprocess.run([python, "-m", "pip", "install", "-q", "openai"], capture_output=True, text=True,
-                               timeout=600)  # fmt: skip
+    pip = [python, "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "15", "openai"]
+    installed = subprocess.run(pip, capture_output=True, text=True, timeout=600)
     if installed.returncode != 0:
         pytest.skip(f"pip could not install openai (no PyPI?): {installed.stderr[-500:]}")
     return python
