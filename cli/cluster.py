@@ -81,6 +81,11 @@ class LocalCluster:
         return f"{_connect_host(self.config.host)}:{self._router_port}"
 
     @property
+    def http_url(self) -> str | None:
+        """Base URL of the router's HTTP API (`http://host:port`); None when it is off."""
+        return f"http://{_connect_host(self.config.host)}:{self.config.http_port}" if self.config.http_port else None
+
+    @property
     def metrics_urls(self) -> dict[str, str]:
         """The /metrics URL of each running process that serves one, by name (router first)."""
         return {p.name: p.metrics_url for p in self._processes() if p.metrics_url is not None}
@@ -230,6 +235,7 @@ class LocalCluster:
         args = [
             "--host", self.config.host, "--port", str(self._router_port), *self._redis_args(),
             "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
+            "--http-port", str(self.config.http_port),
         ]  # fmt: skip
         return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
 

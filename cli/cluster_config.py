@@ -53,6 +53,8 @@ class ClusterConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     """The router's port; 0 picks a free one."""
+    http_port: int = 0
+    """The router's OpenAI-compatible HTTP port (its --http-port); 0: off (`pdserve up` serves 8000)."""
     redis_url: str | None = None
     """An existing Redis; None starts a throwaway redis-server (stopped with the cluster)."""
     model: str = DEFAULT_MODEL
@@ -89,8 +91,9 @@ class ClusterConfig:
         for name in ("num_prefill", "num_decode"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.port < 1 << 16:
-            raise InvalidArgumentError("port", f"must be in [0, 65535], got {self.port}")
+        for name in ("port", "http_port"):
+            if not 0 <= getattr(self, name) < 1 << 16:
+                raise InvalidArgumentError(name, f"must be in [0, 65535], got {getattr(self, name)}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < (1 << 16) - 2:
             raise InvalidArgumentError("metrics_port", f"must be in [0, 65533], got {self.metrics_port}")
         _check_gpu_ids(self.gpus)

@@ -1,7 +1,8 @@
 """The `pdserve` command: a local cluster in one command, each service on its own, and a streaming client.
 
-pdserve up [--prefill N] [--decode M] [--port 50051] [--redis-url URL] [--metrics-port 9100] [--gpus 0,1,...]
-           [--otlp-endpoint URL] [--secure [--secure-dir DIR]] [--autoscale [--min-prefill N ...]] [pod flags ...]
+pdserve up [--prefill N] [--decode M] [--port 50051] [--http-port 8000] [--redis-url URL] [--metrics-port 9100]
+           [--gpus 0,1,...] [--otlp-endpoint URL] [--secure [--secure-dir DIR]] [--autoscale [--min-prefill N ...]]
+           [pod flags ...]
 pdserve autoscale --redis-url URL [--connector kubernetes|compose] [--min-prefill N --max-prefill N ...]
 pdserve router|prefill|decode [flags]      (`pdserve router --help` lists the service's flags)
 pdserve bench --workload w1..w9|w2online|idle [--model-shape qwen3-8b] [...]   (`--workload NAME --help`)
@@ -101,6 +102,8 @@ def _add_up(commands: _Commands) -> None:
     up.add_argument("--decode", type=int, default=1, help="number of decode pods (default: 1)")
     up.add_argument("--host", default="127.0.0.1", help="interface every process binds (default: 127.0.0.1)")
     up.add_argument("--port", type=int, default=50051, help="the router's port (default: 50051)")
+    up.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP API; 0: off "
+                    "(default: 8000)")  # fmt: skip
     up.add_argument("--redis-url", help="use this Redis instead of starting a throwaway redis-server")
     up.add_argument("--model", default=DEFAULT_MODEL, help=f"model of every pod (default: {DEFAULT_MODEL})")
     up.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc, nccl or in_process (default: tcp)")
@@ -209,6 +212,8 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
               f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
         for name, url in cluster.metrics_urls.items():
             print(f"  {name} metrics: {url}", flush=True)
+        if cluster.http_url is not None:
+            print(f"  OpenAI-compatible HTTP API: {cluster.http_url}/v1", flush=True)
         if config.credentials is not None:
             folder = config.credentials.folder
             print(f"  secure: TLS (CA {folder / 'ca.pem'}), bearer token in {folder / 'tokens'}, mTLS inside; "
@@ -242,7 +247,7 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
 def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterConfig:
     """`pdserve up`'s cluster from its flags; raises InvalidArgumentError naming a bad field."""
     return ClusterConfig(
-        num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port,
+        num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port, http_port=args.http_port,
         redis_url=args.redis_url, model=args.model, kv_transfer_backend=args.kv_transfer_backend,
         registry_refresh_s=args.registry_refresh_s, pod_args=tuple(pod_args), log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s, show_progress=True,

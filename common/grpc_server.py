@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from common.tls import ChannelSecurity
 
@@ -68,8 +68,29 @@ def add_standard_services(server: grpc.aio.Server, service_full_names: Sequence[
         dict.fromkeys((health.OVERALL_HEALTH, *names), health_pb2.HealthCheckResponse.NOT_SERVING)
     )
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE_NAME), server)
+    _add_reflection_v1(server, names)
     return HealthState(servicer, names)
+
+
+REFLECTION_V1_SERVICE_NAME = "grpc.reflection.v1.ServerReflection"
+
+
+def _add_reflection_v1(server: grpc.aio.Server, names: Sequence[str]) -> None:
+    """grpc.reflection.v1 beside v1alpha (newer grpcurl and tools ask for v1 first).
+
+    NOTE: grpcio-reflection 1.85 ships v1alpha only; v1's messages are v1alpha's with the package renamed (same
+    fields, same numbers), so the v1alpha servicer answers v1 calls byte for byte.
+    """
+    servicer = reflection.aio.ReflectionServicer((*names, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE_NAME))
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE_NAME, {"ServerReflectionInfo": handler}),)
+    )
 
 
 def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -18,6 +18,9 @@ def _require(ok: bool, field_name: str, message: str) -> None:
 class RouterConfig:
     host: str = field(default="127.0.0.1", metadata=doc("address the public gRPC server binds"))
     port: int = field(default=50051, metadata=doc("port of the public gRPC server (0 = a free port)"))
+    http_port: int = field(
+        default=0, metadata=doc("port of the OpenAI-compatible HTTP API on --host (0 = off); `pdserve up` serves 8000")
+    )
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0", metadata=doc("Redis holding the pod registry and the prefix directory")
     )
@@ -65,6 +68,7 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+        _require(0 <= self.http_port < 65536, "http_port", f"must be in [0, 65535], got {self.http_port}")
         _require(self.tokenizer is None or bool(self.tokenizer), "tokenizer", "must not be empty")
         _require(self.tokenizer_pool_size >= 1, "tokenizer_pool_size", f"must be >= 1, got {self.tokenizer_pool_size}")
         _require(

@@ -42,6 +42,7 @@ from router.input_checks import InputChecks
 from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage
 from router.run_context import PromptPlan, RunContext
+from router.running_requests import RunningRequests
 from router.tokenizer_pool import ChatMessage, TokenizerPool
 
 
@@ -84,6 +85,8 @@ class RequestLifecycle:
         self._tokenizer_pool = tokenizer_pool
         self._directory = directory
         self._ctx = context
+        self.running = RunningRequests()
+        """The requests being generated now, by request id, for Abort."""
 
     @property
     def model(self) -> ModelInfo:
@@ -116,7 +119,7 @@ class RequestLifecycle:
             GEN_AI_REQUEST_MODEL: self._model.model_id, GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
             GEN_AI_REQUEST_TEMPERATURE: params.temperature, GEN_AI_REQUEST_TOP_P: params.top_p,
             PDSERVE_REQUEST_ID: request.request_id,
-        }) as span:  # fmt: skip
+        }) as span, self.running.running(request.request_id):  # fmt: skip
             finish_reasons: list[str] = []
             async with contextlib.aclosing(self._generate(request, arrival, timeout_s)) as chunks:
                 async for chunk in chunks:

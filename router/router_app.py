@@ -4,11 +4,13 @@
   model; tracing (OTLP when an endpoint is known, else no exporter at all) and Prometheus /metrics on
   `--metrics-port`; start the tokenizer pool; then, without I/O, the pod registry, the prefix directory, the pod
   view, the request `lifecycle` front ends serve, and the gRPC server: pdserve.v1.GenerationService plus health
-  (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods).
-- `start()`: the gRPC server starts, the pod view reads the registry, health turns SERVING.
-- `drain()`: health NOT_SERVING, so load balancers and clients stop sending new calls.
-- `close(grace_s)`: the gRPC server stops (in-flight calls get `grace_s`), then the pod view, the tokenizer pool,
-  the directory and the registry close; queued spans are exported; /metrics stops.
+  (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods), and
+  with `--http-port` the OpenAI-compatible HTTP API (router.http) over the same lifecycle, same tokens.
+- `start()`: the gRPC (and HTTP) server starts, the pod view reads the registry, health turns SERVING.
+- `drain()`: health NOT_SERVING and `status.draining` (GetLoad: DRAINING; HTTP /health: 503 draining), so load
+  balancers and clients stop sending new calls.
+- `close(grace_s)`: the gRPC and HTTP servers stop (in-flight calls get `grace_s`), then the pod view, the tokenizer
+  pool, the directory and the registry close; queued spans are exported; /metrics stops.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import grpc.aio
 from transformers import PreTrainedTokenizerBase
 
+from common.auth import authenticator_for
 from common.grpc_errors import ErrorInterceptor
 from common.grpc_server import add_port, add_standard_services, message_size_options
 from common.metrics import ServiceMetrics
@@ -33,6 +36,8 @@ from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.admission import RouterAdmission
 from router.config import RouterConfig, RoutingConfig
+from router.http.app import HttpApi
+from router.http.http_server import HttpServer
 from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.model_info import ModelInfo
@@ -42,6 +47,7 @@ from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
 from router.security import RouterSecurity
 from router.server import SERVICE_NAME, GenerationServicer
+from router.server_status import ServerStatus
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 
 logger = logging.getLogger("router")
@@ -90,12 +96,19 @@ class RouterApp:
         )
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
         """What every front end serves: Generate, Tokenize and the model's info."""
+        self.status = ServerStatus(lambda: self._pods.all_pods, config.tokenizer_pool_size)
+        """What GetServerInfo, GetLoad and HTTP /health report."""
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.lifecycle, metrics), self._server
+            GenerationServicer(self.lifecycle, metrics, self.status), self._server
         )
         self._health = add_standard_services(self._server, [SERVICE_NAME])
         self.port = add_port(self._server, f"{config.host}:{config.port}", security.server_credentials())
         """The gRPC server's bound port (`config.port` 0 picks a free one)."""
+        self._http: HttpServer | None = None
+        if config.http_port:
+            api = HttpApi(self.lifecycle, self.status, tokenizer, metrics.registry, authenticator_for(security.auth))
+            self._http = HttpServer(api.app(), config.host, config.http_port)
+            self.status.http_port = self._http.port
 
     @classmethod
     async def open(
@@ -131,16 +144,21 @@ class RouterApp:
     async def start(self) -> None:
         """Serve: the gRPC server starts, the pod view reads the registry, health turns SERVING."""
         await self._server.start()
+        if self._http is not None:
+            await self._http.start()
+            logger.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self._http.port)
         await self._pods.start()
         await self._health.set_serving()
+        self.status.serving = True
 
     async def drain(self) -> None:
         """Health NOT_SERVING: new calls go elsewhere; in-flight ones go on until `close`."""
+        self.status.draining = True
         await self._health.set_not_serving()
 
     async def close(self, grace_s: float | None) -> None:
         """Stop the gRPC server (in-flight calls get `grace_s`; None: cancelled now), then everything else."""
-        await self._server.stop(grace_s)
+        await asyncio.gather(self._server.stop(grace_s), *([] if self._http is None else [self._http.close(grace_s)]))
         await self._pods.aclose()
         await self._tokenizer_pool.aclose()
         await self._directory.aclose()

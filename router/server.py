@@ -15,12 +15,15 @@ import grpc.aio
 
 from common.grpc_errors import to_status
 from common.metrics import ServiceMetrics
+from common.pod_registry import PodInfo
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle
+from router.running_requests import AbortResult
+from router.server_status import ServerStatus
 from router.tokenizer_pool import ChatMessage
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
@@ -31,9 +34,12 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     """pdserve.v1.GenerationService over a RequestLifecycle."""
 
-    def __init__(self, lifecycle: RequestLifecycle, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(
+        self, lifecycle: RequestLifecycle, metrics: ServiceMetrics | None = None, status: ServerStatus | None = None
+    ) -> None:
         self._lifecycle = lifecycle
         self._metrics = metrics or ServiceMetrics("router")
+        self._status = status or ServerStatus(list, tokenizer_pool_size=0)
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: Context
@@ -50,6 +56,44 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     async def GetModelInfo(
         self, request: generation_pb2.GetModelInfoRequest, context: Context
     ) -> generation_pb2.GetModelInfoResponse:
+        return self._model_info()
+
+    async def Abort(self, request: generation_pb2.AbortRequest, context: Context) -> generation_pb2.AbortResponse:
+        result, num_aborted = self._lifecycle.running.abort(request.request_id)
+        return generation_pb2.AbortResponse(result=_ABORT_RESULTS[result], num_aborted=num_aborted)
+
+    async def GetServerInfo(
+        self, request: generation_pb2.GetServerInfoRequest, context: Context
+    ) -> generation_pb2.GetServerInfoResponse:
+        status = self._status
+        return generation_pb2.GetServerInfoResponse(
+            model=self._model_info(),
+            roles=status.roles(),
+            pods=[_pod_summary(pod) for pod in status.all_pods()],
+            num_prefill_pods=status.num_serving_pods("prefill"),
+            num_decode_pods=status.num_serving_pods("decode"),
+            tokenizer_pool_size=status.tokenizer_pool_size,
+            http_port=status.http_port,
+        )
+
+    async def GetLoad(self, request: generation_pb2.GetLoadRequest, context: Context) -> generation_pb2.GetLoadResponse:
+        return generation_pb2.GetLoadResponse(
+            state=_state(self._status.draining),
+            num_running_requests=len(self._lifecycle.running),
+            pods=[
+                generation_pb2.PodLoad(
+                    pod=_pod_summary(pod),
+                    state=_state(pod.draining),
+                    num_running=pod.num_running,
+                    num_waiting=pod.num_waiting,
+                    num_free_blocks=pod.num_free_blocks,
+                    num_total_blocks=pod.num_total_blocks,
+                )
+                for pod in self._status.all_pods()
+            ],
+        )
+
+    def _model_info(self) -> generation_pb2.GetModelInfoResponse:
         model = self._lifecycle.model
         return generation_pb2.GetModelInfoResponse(
             model_id=model.model_id,
@@ -68,6 +112,23 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             _chat_messages(request.messages) if which == "messages" else None,
         )
         return generation_pb2.TokenizeResponse(token_ids=token_ids, num_tokens=len(token_ids))
+
+
+_ABORT_RESULTS = {
+    AbortResult.ABORTED: generation_pb2.ABORT_RESULT_ABORTED,
+    AbortResult.ALREADY_FINISHED: generation_pb2.ABORT_RESULT_ALREADY_FINISHED,
+    AbortResult.NOT_FOUND: generation_pb2.ABORT_RESULT_NOT_FOUND,
+}
+
+
+def _state(draining: bool) -> generation_pb2.ServerState.ValueType:
+    return generation_pb2.SERVER_STATE_DRAINING if draining else generation_pb2.SERVER_STATE_SERVING
+
+
+def _pod_summary(pod: PodInfo) -> generation_pb2.PodSummary:
+    return generation_pb2.PodSummary(
+        pod_id=pod.pod_id, role=pod.role, address=pod.address, generation=pod.generation, draining=pod.draining
+    )
 
 
 def _generate_input(request: generation_pb2.GenerateRequest, client: str) -> GenerateInput:

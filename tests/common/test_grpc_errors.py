@@ -287,11 +287,13 @@ def test_wait_for_health_times_out_without_a_server() -> None:
     asyncio.run(main())
 
 
-def test_reflection_lists_the_services() -> None:
+@pytest.mark.parametrize("version", ["v1alpha", "v1"])
+def test_reflection_lists_the_services(version: str) -> None:
     async def test(stub: Any, address: str, health: HealthState) -> None:
         async with grpc.aio.insecure_channel(address) as channel:
+            # NOTE: v1 and v1alpha messages are the same bytes (grpcio-reflection ships v1alpha's classes only).
             info = channel.stream_stream(
-                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
                 request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
                 response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
             )
@@ -302,6 +304,7 @@ def test_reflection_lists_the_services() -> None:
             listed, file = [response async for response in info(iter(requests))]
         assert sorted(s.name for s in listed.list_services_response.service) == [
             "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
             "grpc.reflection.v1alpha.ServerReflection",
             SERVICE,
         ]

@@ -116,7 +116,7 @@ def test_package_and_files_follow_buf_standard(files: list[descriptor_pb2.FileDe
 
 def test_enum_values_are_prefixed_and_zero_is_unspecified(files: list[descriptor_pb2.FileDescriptorProto]) -> None:
     enums = [enum for file in files for enum in _all_enums(file)]
-    assert sorted(enum.name for enum in enums) == ["FinishReason", "TransferBackend"]
+    assert sorted(enum.name for enum in enums) == ["AbortResult", "FinishReason", "ServerState", "TransferBackend"]
     for enum in enums:
         prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
         assert enum.value[0].number == 0
@@ -135,8 +135,11 @@ def test_services_and_rpcs_follow_buf_standard(files: list[descriptor_pb2.FileDe
         "DecodeService.Decode",
         "DecodeService.Release",
         "DecodeService.Reserve",
+        "GenerationService.Abort",
         "GenerationService.Generate",
+        "GenerationService.GetLoad",
         "GenerationService.GetModelInfo",
+        "GenerationService.GetServerInfo",
         "GenerationService.Tokenize",
         "PrefillService.Prefill",
     ]
@@ -158,6 +161,9 @@ def test_server_streaming_rpcs_are_exactly_the_streaming_ones(
         "Generate": (False, True),
         "GetModelInfo": (False, False),
         "Tokenize": (False, False),
+        "Abort": (False, False),
+        "GetServerInfo": (False, False),
+        "GetLoad": (False, False),
         "Prefill": (False, True),
         "Reserve": (False, False),
         "Decode": (False, True),

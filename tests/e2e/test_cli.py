@@ -97,7 +97,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log_dir = tmp_path_factory.mktemp("pdserve-up-logs")
     stderr_path = log_dir / "pdserve-up.stderr"
     argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
-            "--registry-refresh-s", "0.2", "--metrics-port", "0", *POD_ARGS]  # fmt: skip
+            "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(_free_port()),
+            *POD_ARGS]  # fmt: skip
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()

@@ -9,7 +9,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from cli.cluster import LocalCluster
 
-STANDARD = {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+STANDARD = {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}
 OWN_SERVICE = {
     "router": "pdserve.v1.GenerationService",
     "prefill": "pdserve.v1.PrefillService",
@@ -45,7 +45,14 @@ def test_generation_service_methods_are_described_by_reflection(cluster: LocalCl
     with grpc.insecure_channel(cluster.router_address) as channel:
         pool = DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
         service = pool.FindServiceByName(OWN_SERVICE["router"])
-        assert {m.name for m in service.methods} == {"Generate", "GetModelInfo", "Tokenize"}
+        assert {m.name for m in service.methods} == {
+            "Generate",
+            "GetModelInfo",
+            "Tokenize",
+            "Abort",
+            "GetServerInfo",
+            "GetLoad",
+        }
         generate = service.methods_by_name["Generate"]
         assert generate.server_streaming and not generate.client_streaming
         assert "metrics" in generate.output_type.fields_by_name

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from pdserve.v1 import sampling_pb2 as _sampling_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +20,58 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _AbortResult:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AbortResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AbortResult.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ABORT_RESULT_UNSPECIFIED: _AbortResult.ValueType  # 0
+    """Never sent."""
+    ABORT_RESULT_ABORTED: _AbortResult.ValueType  # 1
+    """The request was running and is now cancelled."""
+    ABORT_RESULT_ALREADY_FINISHED: _AbortResult.ValueType  # 2
+    """The request already ended (finished, failed or aborted) on this router recently."""
+    ABORT_RESULT_NOT_FOUND: _AbortResult.ValueType  # 3
+    """This router knows no request of that id."""
+
+class AbortResult(_AbortResult, metaclass=_AbortResultEnumTypeWrapper):
+    """What an Abort found."""
+
+ABORT_RESULT_UNSPECIFIED: AbortResult.ValueType  # 0
+"""Never sent."""
+ABORT_RESULT_ABORTED: AbortResult.ValueType  # 1
+"""The request was running and is now cancelled."""
+ABORT_RESULT_ALREADY_FINISHED: AbortResult.ValueType  # 2
+"""The request already ended (finished, failed or aborted) on this router recently."""
+ABORT_RESULT_NOT_FOUND: AbortResult.ValueType  # 3
+"""This router knows no request of that id."""
+Global___AbortResult: _TypeAlias = AbortResult  # noqa: Y015
+
+class _ServerState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ServerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ServerState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SERVER_STATE_UNSPECIFIED: _ServerState.ValueType  # 0
+    """Never sent."""
+    SERVER_STATE_SERVING: _ServerState.ValueType  # 1
+    """Taking new requests."""
+    SERVER_STATE_DRAINING: _ServerState.ValueType  # 2
+    """Finishing in-flight requests; new ones go elsewhere."""
+
+class ServerState(_ServerState, metaclass=_ServerStateEnumTypeWrapper):
+    """A server's state, beyond what grpc.health.v1 can tell."""
+
+SERVER_STATE_UNSPECIFIED: ServerState.ValueType  # 0
+"""Never sent."""
+SERVER_STATE_SERVING: ServerState.ValueType  # 1
+"""Taking new requests."""
+SERVER_STATE_DRAINING: ServerState.ValueType  # 2
+"""Finishing in-flight requests; new ones go elsewhere."""
+Global___ServerState: _TypeAlias = ServerState  # noqa: Y015
 
 @_typing.final
 class ChatMessage(_message.Message):
@@ -397,3 +450,251 @@ class TokenizeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TokenizeResponse: _TypeAlias = TokenizeResponse  # noqa: Y015
+
+@_typing.final
+class AbortRequest(_message.Message):
+    """Request of GenerationService.Abort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Id of the request to abort (the caller's request_id, or the HTTP x-request-id)."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortRequest: _TypeAlias = AbortRequest  # noqa: Y015
+
+@_typing.final
+class AbortResponse(_message.Message):
+    """Response of GenerationService.Abort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    NUM_ABORTED_FIELD_NUMBER: _builtins.int
+    result: Global___AbortResult.ValueType
+    """What the abort found."""
+    num_aborted: _builtins.int
+    """Number of running requests of that id cancelled (ids may be reused by callers)."""
+    def __init__(
+        self,
+        *,
+        result: Global___AbortResult.ValueType = ...,
+        num_aborted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_aborted", b"num_aborted", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortResponse: _TypeAlias = AbortResponse  # noqa: Y015
+
+@_typing.final
+class GetServerInfoRequest(_message.Message):
+    """Request of GenerationService.GetServerInfo; it has no fields."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetServerInfoRequest: _TypeAlias = GetServerInfoRequest  # noqa: Y015
+
+@_typing.final
+class PodSummary(_message.Message):
+    """One pod as the router sees it in the registry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    """The pod's id."""
+    role: _builtins.str
+    """"prefill" or "decode"."""
+    address: _builtins.str
+    """host:port of the pod's gRPC server."""
+    generation: _builtins.int
+    """Changes when the pod restarts."""
+    draining: _builtins.bool
+    """True while the pod drains (it takes no new request)."""
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+        address: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        draining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "draining", b"draining", "generation", b"generation", "pod_id", b"pod_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodSummary: _TypeAlias = PodSummary  # noqa: Y015
+
+@_typing.final
+class GetServerInfoResponse(_message.Message):
+    """Response of GenerationService.GetServerInfo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    NUM_PREFILL_PODS_FIELD_NUMBER: _builtins.int
+    NUM_DECODE_PODS_FIELD_NUMBER: _builtins.int
+    TOKENIZER_POOL_SIZE_FIELD_NUMBER: _builtins.int
+    HTTP_PORT_FIELD_NUMBER: _builtins.int
+    num_prefill_pods: _builtins.int
+    """Number of live prefill pods not draining."""
+    num_decode_pods: _builtins.int
+    """Number of live decode pods not draining."""
+    tokenizer_pool_size: _builtins.int
+    """Tokenizer worker processes of the router."""
+    http_port: _builtins.int
+    """Port of the router's HTTP API; 0 when it is off."""
+    @_builtins.property
+    def model(self) -> Global___GetModelInfoResponse:
+        """The served model."""
+
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The roles this deployment runs: "router", plus "prefill" and "decode" while such pods are live."""
+
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodSummary]:
+        """Every live pod, sorted by pod id."""
+
+    def __init__(
+        self,
+        *,
+        model: Global___GetModelInfoResponse | None = ...,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+        pods: _abc.Iterable[Global___PodSummary] | None = ...,
+        num_prefill_pods: _builtins.int = ...,
+        num_decode_pods: _builtins.int = ...,
+        tokenizer_pool_size: _builtins.int = ...,
+        http_port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["http_port", b"http_port", "model", b"model", "num_decode_pods", b"num_decode_pods", "num_prefill_pods", b"num_prefill_pods", "pods", b"pods", "roles", b"roles", "tokenizer_pool_size", b"tokenizer_pool_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetServerInfoResponse: _TypeAlias = GetServerInfoResponse  # noqa: Y015
+
+@_typing.final
+class GetLoadRequest(_message.Message):
+    """Request of GenerationService.GetLoad; it has no fields."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoadRequest: _TypeAlias = GetLoadRequest  # noqa: Y015
+
+@_typing.final
+class PodLoad(_message.Message):
+    """One pod's load at its last heartbeat."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NUM_RUNNING_FIELD_NUMBER: _builtins.int
+    NUM_WAITING_FIELD_NUMBER: _builtins.int
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _builtins.int
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _builtins.int
+    state: Global___ServerState.ValueType
+    """The pod's state: SERVING, or DRAINING while it finishes its in-flight requests."""
+    num_running: _builtins.int
+    """Requests running on the pod."""
+    num_waiting: _builtins.int
+    """Requests waiting on the pod."""
+    num_free_blocks: _builtins.int
+    """Free KV blocks."""
+    num_total_blocks: _builtins.int
+    """All KV blocks."""
+    @_builtins.property
+    def pod(self) -> Global___PodSummary:
+        """The pod."""
+
+    def __init__(
+        self,
+        *,
+        pod: Global___PodSummary | None = ...,
+        state: Global___ServerState.ValueType = ...,
+        num_running: _builtins.int = ...,
+        num_waiting: _builtins.int = ...,
+        num_free_blocks: _builtins.int = ...,
+        num_total_blocks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pod", b"pod"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_free_blocks", b"num_free_blocks", "num_running", b"num_running", "num_total_blocks", b"num_total_blocks", "num_waiting", b"num_waiting", "pod", b"pod", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodLoad: _TypeAlias = PodLoad  # noqa: Y015
+
+@_typing.final
+class GetLoadResponse(_message.Message):
+    """Response of GenerationService.GetLoad."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    NUM_RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    state: Global___ServerState.ValueType
+    """The router's own state."""
+    num_running_requests: _builtins.int
+    """Requests running on this router."""
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodLoad]:
+        """Each live pod's load, sorted by pod id."""
+
+    def __init__(
+        self,
+        *,
+        state: Global___ServerState.ValueType = ...,
+        num_running_requests: _builtins.int = ...,
+        pods: _abc.Iterable[Global___PodLoad] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_running_requests", b"num_running_requests", "pods", b"pods", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoadResponse: _TypeAlias = GetLoadResponse  # noqa: Y015

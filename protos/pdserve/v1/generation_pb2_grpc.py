@@ -52,6 +52,21 @@ class GenerationServiceStub:
                 request_serializer=pdserve_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/pdserve.v1.GenerationService/Abort',
+                request_serializer=pdserve_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_generation__pb2.AbortResponse.FromString,
+                _registered_method=True)
+        self.GetServerInfo = channel.unary_unary(
+                '/pdserve.v1.GenerationService/GetServerInfo',
+                request_serializer=pdserve_dot_v1_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_generation__pb2.GetServerInfoResponse.FromString,
+                _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/pdserve.v1.GenerationService/GetLoad',
+                request_serializer=pdserve_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -82,6 +97,28 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abort(self, request, context):
+        """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
+        Every running request of that id is cancelled, and with it its pod calls and KV.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetServerInfo(self, request, context):
+        """Describes the deployment: the model's limits and the pods the router routes to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLoad(self, request, context):
+        """The router's state (SERVING or DRAINING) and each pod's load as of its last heartbeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,6 +136,21 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=pdserve_dot_v1_dot_generation__pb2.TokenizeRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_generation__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=pdserve_dot_v1_dot_generation__pb2.AbortRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_generation__pb2.AbortResponse.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=pdserve_dot_v1_dot_generation__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_generation__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=pdserve_dot_v1_dot_generation__pb2.GetLoadRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_generation__pb2.GetLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -185,6 +237,87 @@ class GenerationService:
             '/pdserve.v1.GenerationService/Tokenize',
             pdserve_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
             pdserve_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.GenerationService/Abort',
+            pdserve_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+            pdserve_dot_v1_dot_generation__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.GenerationService/GetServerInfo',
+            pdserve_dot_v1_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
+            pdserve_dot_v1_dot_generation__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.GenerationService/GetLoad',
+            pdserve_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
+            pdserve_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

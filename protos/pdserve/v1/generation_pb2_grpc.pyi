@@ -44,6 +44,14 @@ class GenerationServiceStub:
     """Describes the served model."""
     Tokenize: _grpc.UnaryUnaryMultiCallable[_generation_pb2.TokenizeRequest, _generation_pb2.TokenizeResponse]
     """Tokenizes a prompt exactly as Generate would, without generating."""
+    Abort: _grpc.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]
+    """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
+    Every running request of that id is cancelled, and with it its pod calls and KV.
+    """
+    GetServerInfo: _grpc.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]
+    """Describes the deployment: the model's limits and the pods the router routes to."""
+    GetLoad: _grpc.UnaryUnaryMultiCallable[_generation_pb2.GetLoadRequest, _generation_pb2.GetLoadResponse]
+    """The router's state (SERVING or DRAINING) and each pod's load as of its last heartbeat."""
 
 @_typing.type_check_only
 class GenerationServiceAsyncStub(GenerationServiceStub):
@@ -61,6 +69,14 @@ class GenerationServiceAsyncStub(GenerationServiceStub):
     """Describes the served model."""
     Tokenize: _aio.UnaryUnaryMultiCallable[_generation_pb2.TokenizeRequest, _generation_pb2.TokenizeResponse]  # type: ignore[assignment]
     """Tokenizes a prompt exactly as Generate would, without generating."""
+    Abort: _aio.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]  # type: ignore[assignment]
+    """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
+    Every running request of that id is cancelled, and with it its pod calls and KV.
+    """
+    GetServerInfo: _aio.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]  # type: ignore[assignment]
+    """Describes the deployment: the model's limits and the pods the router routes to."""
+    GetLoad: _aio.UnaryUnaryMultiCallable[_generation_pb2.GetLoadRequest, _generation_pb2.GetLoadResponse]  # type: ignore[assignment]
+    """The router's state (SERVING or DRAINING) and each pod's load as of its last heartbeat."""
 
 class GenerationServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public front door of pdserve: text generation on the one model the deployment serves.
@@ -93,5 +109,31 @@ class GenerationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_generation_pb2.TokenizeResponse, _abc.Awaitable[_generation_pb2.TokenizeResponse]]:
         """Tokenizes a prompt exactly as Generate would, without generating."""
+
+    @_abc_1.abstractmethod
+    def Abort(
+        self,
+        request: _generation_pb2.AbortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_generation_pb2.AbortResponse, _abc.Awaitable[_generation_pb2.AbortResponse]]:
+        """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
+        Every running request of that id is cancelled, and with it its pod calls and KV.
+        """
+
+    @_abc_1.abstractmethod
+    def GetServerInfo(
+        self,
+        request: _generation_pb2.GetServerInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_generation_pb2.GetServerInfoResponse, _abc.Awaitable[_generation_pb2.GetServerInfoResponse]]:
+        """Describes the deployment: the model's limits and the pods the router routes to."""
+
+    @_abc_1.abstractmethod
+    def GetLoad(
+        self,
+        request: _generation_pb2.GetLoadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_generation_pb2.GetLoadResponse, _abc.Awaitable[_generation_pb2.GetLoadResponse]]:
+        """The router's state (SERVING or DRAINING) and each pod's load as of its last heartbeat."""
 
 def add_GenerationServiceServicer_to_server(servicer: GenerationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

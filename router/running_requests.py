@@ -1,0 +1,66 @@
+"""The requests running on this router, by request id, so that `Abort` can cancel them on either API.
+
+1. `RequestLifecycle.generate` registers the task consuming a request's stream (`running`) for as long as the
+   stream is open; a caller may reuse a request id, so an id maps to every task running under it.
+2. `abort(request_id)` cancels those tasks: the consumer (the gRPC handler, or the HTTP response) sees
+   CancelledError where it waits, closes the stream, and with it every pod call and the request's KV.
+3. When a stream ends, however it ends, its id joins the last `max_finished` finished ids, so an abort that
+   comes late answers ALREADY_FINISHED rather than NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class AbortResult(enum.Enum):
+    ABORTED = "aborted"
+    ALREADY_FINISHED = "already_finished"
+    NOT_FOUND = "not_found"
+
+
+class RunningRequests:
+    """Request id -> the tasks running it; see the module docstring."""
+
+    def __init__(self, max_finished: int = 4096) -> None:
+        self._running: dict[str, set[asyncio.Task[object]]] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._max_finished = max_finished
+
+    def __len__(self) -> int:
+        return sum(len(tasks) for tasks in self._running.values())
+
+    @contextmanager
+    def running(self, request_id: str) -> Iterator[None]:
+        """Registers the current task under `request_id` for the duration of the block."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self._running.setdefault(request_id, set()).add(task)
+        try:
+            yield
+        finally:
+            tasks = self._running.get(request_id, set())
+            tasks.discard(task)
+            if not tasks:
+                self._running.pop(request_id, None)
+            self._finished[request_id] = None
+            self._finished.move_to_end(request_id)
+            while len(self._finished) > self._max_finished:
+                self._finished.popitem(last=False)
+
+    def abort(self, request_id: str) -> tuple[AbortResult, int]:
+        """Cancel every task running `request_id`: (what was found, how many tasks were cancelled)."""
+        tasks = self._running.get(request_id)
+        if tasks:
+            for task in tasks:
+                task.cancel()
+            return AbortResult.ABORTED, len(tasks)
+        if request_id in self._finished:
+            return AbortResult.ALREADY_FINISHED, 0
+        return AbortResult.NOT_FOUND, 0
