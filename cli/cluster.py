@@ -23,24 +23,20 @@ import asyncio
 import concurrent.futures
 import logging
 import signal
-import socket
-import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 from cli.child_env import ChildEnvironment
 from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
+from cli.cluster_startup import list_pods, wait_serving
+from cli.ports import connect_host, free_port
 from cli.redis_server import RedisServer
-from cli.service_process import LOG_TAIL_LINES, POLL_S, ClusterError, ServiceProcess
+from cli.service_process import LOG_TAIL_LINES, ClusterError, ServiceProcess
 from common.config import env_name
-from common.pod_registry import PodInfo, PodRegistry, PodRole
-from common.redis_client import redact
+from common.pod_registry import PodInfo, PodRole
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +64,7 @@ class LocalCluster:
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
         self._num_pods_spawned = 0
         """Pods started so far, both roles: the next pod's index in the GPU layout (`ClusterConfig.pod_gpu`)."""
-        self._router_port = config.port or _free_port()
+        self._router_port = config.port or free_port()
         self._env = ChildEnvironment({**config.env, **self._secure_env()}, config.num_prefill + config.num_decode)
 
     @property
@@ -78,12 +74,12 @@ class LocalCluster:
     @property
     def router_address(self) -> str:
         """host:port where clients reach the router's GenerationService."""
-        return f"{_connect_host(self.config.host)}:{self._router_port}"
+        return f"{connect_host(self.config.host)}:{self._router_port}"
 
     @property
     def http_url(self) -> str | None:
         """Base URL of the router's HTTP API (`http://host:port`); None when it is off."""
-        return f"http://{_connect_host(self.config.host)}:{self.config.http_port}" if self.config.http_port else None
+        return f"http://{connect_host(self.config.host)}:{self.config.http_port}" if self.config.http_port else None
 
     @property
     def metrics_urls(self) -> dict[str, str]:
@@ -99,7 +95,7 @@ class LocalCluster:
             pods = [self._spawn_pod("prefill") for _ in range(self.config.num_prefill)]
             pods += [self._spawn_pod("decode") for _ in range(self.config.num_decode)]
             self.router = self._spawn_router()
-            self._run(self._wait_serving([*pods, self.router], [p.name for p in pods]))
+            self._run(wait_serving(self.config, self.redis_url, [*pods, self.router], [p.name for p in pods]))
         except BaseException:
             self.stop()
             raise
@@ -111,7 +107,7 @@ class LocalCluster:
         """Start one more pod; returns its pod id once it serves and is in the registry."""
         pod = self._spawn_pod(role, extra_args)
         try:
-            self._run(self._wait_serving([pod], [pod.name]))
+            self._run(wait_serving(self.config, self.redis_url, [pod], [pod.name]))
         except BaseException:
             self._stop_processes([pod])
             # NOTE: a `stop()` from another thread meanwhile already took it out of `pods`.
@@ -150,7 +146,7 @@ class LocalCluster:
 
     def pod_infos(self) -> list[PodInfo]:
         """The registry's view of every live pod (sorted by pod id)."""
-        return self._run(_list_pods(self.redis_url))
+        return self._run(list_pods(self.redis_url))
 
     def restart_router(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Send `sig` to the router, reap it (killing it after stop_timeout_s) and start a new one on the same port;
@@ -159,7 +155,7 @@ class LocalCluster:
             self.router.send_signal(sig)
             self.router.wait_or_kill(self.config.stop_timeout_s)
         self.router = self._spawn_router()
-        self._run(self._wait_serving([self.router], []))
+        self._run(wait_serving(self.config, self.redis_url, [self.router], []))
 
     def stop_redis(self) -> None:
         """Stop the cluster's own redis-server (its port stays reserved for `start_redis`)."""
@@ -219,7 +215,7 @@ class LocalCluster:
             raise ClusterError(f"the cluster is stopped; no new {role} pod")
         pod_id = f"{role}-{self._next_index[role]}"
         self._next_index[role] += 1
-        port = _free_port()
+        port = free_port()
         args = [
             "--host", self.config.host, "--port", str(port), *self._redis_args(), "--pod-id", pod_id,
             "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
@@ -257,11 +253,11 @@ class LocalCluster:
             telemetry += ["--otlp-endpoint", self.config.otlp_endpoint]
         if self.config.metrics_port is not None:
             base = self.config.metrics_port
-            metrics_port = base + METRICS_PORT_OFFSETS[role] if base and first else _free_port()
+            metrics_port = base + METRICS_PORT_OFFSETS[role] if base and first else free_port()
             telemetry += ["--metrics-port", str(metrics_port), "--metrics-host", self.config.host]
-            metrics_url = f"http://{_connect_host(self.config.host)}:{metrics_port}/metrics"
+            metrics_url = f"http://{connect_host(self.config.host)}:{metrics_port}/metrics"
         argv = [*self.config.entry_points[role], *args, *user_args, *telemetry]
-        address = f"{_connect_host(self.config.host)}:{port}"
+        address = f"{connect_host(self.config.host)}:{port}"
         env = self._env.for_process([*args, *telemetry])
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
@@ -274,24 +270,6 @@ class LocalCluster:
         logger.info("started %s (pid %d%s), logging to %s", name, process.pid,
                     f", CUDA_VISIBLE_DEVICES={devices}" if devices else "", process.log_path)  # fmt: skip
         return process
-
-    async def _wait_serving(self, processes: Sequence[ServiceProcess], pod_ids: Sequence[str]) -> None:
-        """Wait until each process is SERVING and each pod id is registered (and not draining)."""
-        started = time.monotonic()
-        timeout_s = self.config.startup_timeout_s
-        show = self.config.show_progress
-        with (
-            logging_redirect_tqdm(),
-            tqdm(total=len(processes), desc="starting pdserve", unit="proc", disable=not show, file=sys.stderr) as bar,
-        ):
-
-            async def one(process: ServiceProcess) -> None:
-                await process.wait_serving(timeout_s)
-                bar.update(1)
-                logger.info("%s serving on %s after %.1f s", process.name, process.address, time.monotonic() - started)
-
-            await asyncio.gather(*(one(p) for p in processes))
-        await _registered(self.redis_url, pod_ids, timeout_s - (time.monotonic() - started))
 
     def _stop_processes(self, processes: Sequence[ServiceProcess]) -> None:
         for process in processes:
@@ -310,40 +288,3 @@ class LocalCluster:
         # NOTE: a fresh loop on a worker thread, so callers inside a running event loop can block on it too.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pdserve-cluster") as pool:
             return pool.submit(asyncio.run, coro).result()
-
-
-async def _registered(redis_url: str, pod_ids: Sequence[str], timeout_s: float) -> None:
-    """Wait until every pod id is in the registry and not draining."""
-    registry = PodRegistry(redis_url)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            live = {pod.pod_id for pod in await registry.list_pods() if not pod.draining}
-            missing = sorted(set(pod_ids) - live)
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"pods {missing} serve but are not in the registry at {redact(redis_url)}")
-            await asyncio.sleep(POLL_S)
-    finally:
-        await registry.aclose()
-
-
-async def _list_pods(redis_url: str) -> list[PodInfo]:
-    registry = PodRegistry(redis_url)
-    try:
-        return await registry.list_pods()
-    finally:
-        await registry.aclose()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _connect_host(bind_host: str) -> str:
-    """The host a local client connects to for a server bound to `bind_host`."""
-    return "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host

@@ -24,17 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from cli.ports import free_port
+
 _INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis`"
 _LOG_TAIL_LINES = 20
 # NOTE: no persistence at all: a restart starts empty, like a lost Redis in production.
 _OPTIONS = ("--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +80,7 @@ class RedisServer:
             raise FileNotFoundError(f"redis-server is not on PATH; {_INSTALL_HINT}")
         self._binary = found
         self._fixed_port = port is not None
-        self._port = port if port is not None else _free_port()
+        self._port = port if port is not None else free_port()
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -117,8 +112,8 @@ class RedisServer:
         except RuntimeError:
             if self._fixed_port:
                 raise
-            # NOTE: a port picked by `_free_port` can be taken before redis binds it; retry once.
-            self._port = _free_port()
+            # NOTE: a port picked by `free_port` can be taken before redis binds it; retry once.
+            self._port = free_port()
             self._launch()
 
     def stop(self, timeout_s: float = 5.0) -> None:
