@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import grpc.aio
 from common.config import doc
 from common.errors import InvalidArgumentError, PdserveError
 from common.grpc_errors import to_status
+from common.grpc_handlers import HandlerInterceptor, with_behavior
 
 AUTHORIZATION_KEY = "authorization"
 BEARER_PREFIX = "Bearer "
@@ -123,29 +124,16 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return () if token is None else ((AUTHORIZATION_KEY, BEARER_PREFIX + token),)
 
 
-_HANDLER_KINDS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(HandlerInterceptor):
     """Runs `TokenAuthenticator.check` before each call; a refused call ends with its status and never reaches
     the servicer. Place it before the ErrorInterceptor."""
 
     def __init__(self, authenticator: TokenAuthenticator) -> None:
         self._authenticator = authenticator
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler[Any, Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         metadata = dict(handler_call_details.invocation_metadata or ())
         authorization = metadata.get(AUTHORIZATION_KEY)
         try:
@@ -162,8 +150,4 @@ def _refusing(handler: grpc.RpcMethodHandler[Any, Any], status: grpc.Status) -> 
     async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(status.code, status.details, status.trailing_metadata)
 
-    make: Any = _HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
-    refusing: grpc.RpcMethodHandler[Any, Any] = make(
-        refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-    )
-    return refusing
+    return with_behavior(handler, refuse)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -27,6 +27,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
+from common.grpc_handlers import HandlerInterceptor, with_behavior
 from common.request_parsing import UnparsedRequest, tolerant_deserializer
 from pdserve.v1 import sampling_pb2
 
@@ -103,7 +104,7 @@ def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
 _Behavior = Callable[..., Any]
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(HandlerInterceptor):
     """Server interceptor that reports whatever an async unary or server-streaming handler raises
     through `abort_with`, so servicers simply raise. A request message that does not parse reaches no
     handler: it is reported as INVALID_ARGUMENT (`common.request_parsing`). Sync and client-streaming
@@ -115,13 +116,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._field_paths = field_paths
         self._retry_delay_s = retry_delay_s
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler[Any, Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        if handler.request_streaming:
             return handler
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
         if inspect.isasyncgenfunction(behavior):
@@ -130,14 +128,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             wrapped = self._wrap_coroutine(behavior)
         else:
             return handler
-        make = (
-            grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
-        )
-        return make(
-            wrapped,
-            request_deserializer=tolerant_deserializer(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
+        return with_behavior(handler, wrapped, tolerant_deserializer(handler.request_deserializer))
 
     def _wrap_coroutine(self, behavior: _Behavior) -> _Behavior:
         """Wraps a coroutine handler: a unary one, or a streaming one that writes with context.write."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -21,6 +21,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
+
+from common.grpc_handlers import HandlerInterceptor, with_behavior
 
 RPC_SYSTEM = "rpc.system"
 RPC_SERVICE = "rpc.service"
@@ -58,20 +60,17 @@ def _end(span: trace.Span, code: grpc.StatusCode, error_codes: frozenset[grpc.St
 _Behavior = Callable[..., Any]
 
 
-class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
+class ServerTracingInterceptor(HandlerInterceptor):
     """Continues the caller's trace in a SERVER span around each unary-request handler."""
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler[Any, Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         method = handler_call_details.method
-        if handler is None or handler.request_streaming or _untraced(method):
+        if handler.request_streaming or _untraced(method):
             return handler
         metadata = handler_call_details.invocation_metadata or ()
         parent = _PROPAGATOR.extract({key: value for key, value in metadata if key in _TRACE_KEYS})
@@ -82,11 +81,7 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
             wrapped = self._wrap_coroutine(behavior, method, parent)
         else:
             return handler
-        streaming = handler.response_streaming
-        make = grpc.unary_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
-        return make(
-            wrapped, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
+        return with_behavior(handler, wrapped)
 
     @contextlib.contextmanager
     def _serving(

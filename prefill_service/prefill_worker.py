@@ -153,18 +153,8 @@ class PrefillWorker:
         ticket = self._admission.admit("", len(prompt_token_ids))
         arrival, arrival_ns = time.monotonic(), time.time_ns()
         transfer_id = target.transfer_id
-        ended = self._transfer_ends.open(transfer_id, request_id)
-        # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived; they
-        # start now, not when the engine takes the request up, so that a long queue lets no reservation lapse.
-        keepalive_s = (target.lease_s or self._lease_s) / KEEPALIVES_PER_LEASE
-        shipment = Shipment(target, len(prompt_token_ids), keepalive_s, last_sent_at=arrival)
-        self._shipper.add(transfer_id, shipment)
+        ended, transfer_span = self._open(target, request_id, len(prompt_token_ids), (arrival, arrival_ns))
         first_params = dataclasses.replace(params, max_tokens=1)
-        transfer_span = self._tracing.tracer.start_span(
-            "kv_transfer",
-            attributes={PDSERVE_KV_TRANSFER_ID: transfer_id, PDSERVE_KV_TRANSFER_BACKEND: self._backend},
-            start_time=arrival_ns,
-        )
         finished = False
         first: FirstToken | None = None
         try:
@@ -188,6 +178,19 @@ class PrefillWorker:
             self._admission.finish(ticket)
             self._close(target, request_id, ended, finished, first is None, arrival)
             transfer_span.end()
+
+    def _open(
+        self, target: KVTarget, request_id: str, num_prompt_tokens: int, arrival: tuple[float, int]
+    ) -> tuple[TransferEnd, trace.Span]:
+        """A call arrived (`arrival`: time.monotonic(), time.time_ns()): its transfer's end to wait for, its shipment
+        (keepalives started), and its "kv_transfer" span."""
+        ended = self._transfer_ends.open(target.transfer_id, request_id)
+        # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived; they
+        # start now, not when the engine takes the request up, so that a long queue lets no reservation lapse.
+        keepalive_s = (target.lease_s or self._lease_s) / KEEPALIVES_PER_LEASE
+        self._shipper.add(target.transfer_id, Shipment(target, num_prompt_tokens, keepalive_s, last_sent_at=arrival[0]))
+        attributes = {PDSERVE_KV_TRANSFER_ID: target.transfer_id, PDSERVE_KV_TRANSFER_BACKEND: self._backend}
+        return ended, self._tracing.tracer.start_span("kv_transfer", attributes=attributes, start_time=arrival[1])
 
     async def _transfer_done(self, transfer_id: str, ended: TransferEnd, span: trace.Span) -> TransferDone:
         """Wait for the transfer's end: TransferDone after DONE (recorded on the "kv_transfer" span), else raise."""
@@ -271,20 +274,9 @@ class PrefillWorker:
         async with aclosing(self._async_engine.generate(transfer_id, add)) as outputs:
             async for output in outputs:
                 if output.new_token_ids:
-                    return self._to_first_token(output, params, time.monotonic() - arrival)
+                    duration_s = time.monotonic() - arrival
+                    return FirstToken.of(output, params, duration_s, self.info.max_model_len)
         return None
-
-    def _to_first_token(self, output: EngineOutput, params: SamplingParams, duration_s: float) -> FirstToken:
-        stopped = output.finish_reason == "stop"
-        ends = stopped or params.max_tokens == 1 or output.num_prompt_tokens + 1 >= self.info.max_model_len
-        return FirstToken(
-            token_id=output.new_token_ids[0],
-            logprob=output.new_logprobs[0] if params.logprobs else None,
-            num_cached_tokens=output.num_cached_tokens,
-            prefill_duration_s=duration_s,
-            finish_reason=("stop" if stopped else "length") if ends else None,
-            stop_reason=output.stop_reason if stopped else None,
-        )
 
     def _on_step(self, engine: LLMEngine, outputs: list[EngineOutput]) -> None:
         """Engine thread, after every step: hand over cache events, ship newly computed blocks, chunk spans."""

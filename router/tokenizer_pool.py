@@ -13,22 +13,17 @@ the OS (glibc's malloc_trim): without it one 2 MB prompt left a worker at ~2.5x 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
-import itertools
 import logging
 import multiprocessing
 import os
 import pickle
 import signal
 import socket
-import struct
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +31,9 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from common.errors import InvalidArgumentError, UnavailableError
+from router.tokenizer_worker import ERROR, INVALID, OK, TokenizerWorker
 
 logger = logging.getLogger(__name__)
-
-_HEADER = struct.Struct("!i")
-"""Frame header of multiprocessing.Connection.send_bytes (the worker's side) for frames < 2 GiB."""
-_OK, _INVALID, _ERROR = "ok", "invalid", "error"
-_JOIN_TIMEOUT_S = 5.0
 
 TRIM_AFTER_CHARS = 64 * 1024
 """Input size (characters) above which a worker returns its freed heap to the OS after answering."""
@@ -99,9 +90,9 @@ def _worker_main(conn: Connection, folder: Path) -> None:
     try:
         tokenizer = load_tokenizer(folder)
     except Exception as exc:
-        conn.send_bytes(pickle.dumps((0, _ERROR, f"loading the tokenizer from {folder} failed: {exc!r}")))
+        conn.send_bytes(pickle.dumps((0, ERROR, f"loading the tokenizer from {folder} failed: {exc!r}")))
         return
-    conn.send_bytes(pickle.dumps((0, _OK, os.getpid())))
+    conn.send_bytes(pickle.dumps((0, OK, os.getpid())))
     release_memory = _malloc_trim()
     while True:
         try:
@@ -110,104 +101,17 @@ def _worker_main(conn: Connection, folder: Path) -> None:
             return
         reply: tuple[int, str, Any]
         try:
-            reply = (request_id, _OK, _OPERATIONS[op](tokenizer, arg))
+            reply = (request_id, OK, _OPERATIONS[op](tokenizer, arg))
         except TemplateError as exc:
-            reply = (request_id, _INVALID, str(exc))
+            reply = (request_id, INVALID, str(exc))
         except Exception as exc:
-            reply = (request_id, _ERROR, repr(exc))
+            reply = (request_id, ERROR, repr(exc))
         data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         # NOTE: trimmed before the reply goes out, so the worker is back at its baseline when the caller has it.
         if _input_chars(arg) > TRIM_AFTER_CHARS:
             del arg, reply
             release_memory()
         conn.send_bytes(data)
-
-
-class _Worker:
-    """The router's end of one worker process: its socket and its outstanding requests."""
-
-    def __init__(
-        self,
-        process: BaseProcess,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        on_exit: Callable[[_Worker], None],
-    ) -> None:
-        self.process = process
-        self._on_exit = on_exit
-        self._reader = reader
-        self._writer = writer
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._ids = itertools.count(1)
-        self._read_task: asyncio.Task[None] | None = None
-        self._last_reply_at = 0.0
-
-    @property
-    def num_pending(self) -> int:
-        return len(self._pending)
-
-    @property
-    def alive(self) -> bool:
-        return self._read_task is not None and not self._read_task.done()
-
-    async def wait_ready(self) -> int:
-        """The worker's pid once it has loaded the tokenizer; then start reading replies."""
-        _, status, value = await self._read_frame()
-        if status != _OK:
-            raise RuntimeError(value)
-        self._read_task = asyncio.create_task(self._read_replies(), name=f"tokenizer-worker-{value}")
-        return int(value)
-
-    async def call(self, op: str, arg: Any) -> tuple[str, Any, float]:
-        """(status, value, queue time in s) of one operation on the worker."""
-        if not self.alive:
-            raise UnavailableError("tokenizer worker is gone")
-        request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        try:
-            data = pickle.dumps((request_id, op, arg), protocol=pickle.HIGHEST_PROTOCOL)
-            sent_at = time.perf_counter()
-            self._writer.write(_HEADER.pack(len(data)) + data)
-            await self._writer.drain()
-            status, value, previous_reply_at = await future
-        finally:
-            self._pending.pop(request_id, None)
-        # NOTE: the worker answers in order, so it started this request when it sent the previous reply.
-        return status, value, max(previous_reply_at - sent_at, 0.0)
-
-    async def aclose(self) -> None:
-        if self._read_task is not None:
-            self._read_task.cancel()
-            await asyncio.gather(self._read_task, return_exceptions=True)
-        self._writer.close()
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
-        await asyncio.to_thread(self.process.join, _JOIN_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.kill()
-
-    async def _read_frame(self) -> tuple[int, str, Any]:
-        (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
-        frame: tuple[int, str, Any] = pickle.loads(await self._reader.readexactly(size))
-        return frame
-
-    async def _read_replies(self) -> None:
-        try:
-            while True:
-                request_id, status, value = await self._read_frame()
-                future = self._pending.get(request_id)
-                if future is not None and not future.done():
-                    future.set_result((status, value, self._last_reply_at))
-                self._last_reply_at = time.perf_counter()
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            logger.error(
-                "tokenizer worker %s exited (%r); %d requests failed", self.process.pid, exc, len(self._pending)
-            )
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(UnavailableError("tokenizer worker died; retry"))
-            self._on_exit(self)
 
 
 class TokenizerPool:
@@ -219,7 +123,7 @@ class TokenizerPool:
         self._folder = model_folder
         self._size = size
         self._on_queue_time = on_queue_time
-        self._workers: list[_Worker] = []
+        self._workers: list[TokenizerWorker] = []
         self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -265,13 +169,13 @@ class TokenizerPool:
         status, value, queue_s = await worker.call(op, arg)
         if self._on_queue_time is not None:
             self._on_queue_time(queue_s)
-        if status == _INVALID:
+        if status == INVALID:
             raise InvalidArgumentError("messages", f"the chat template rejected the messages: {value}")
-        if status != _OK:
+        if status != OK:
             raise RuntimeError(f"tokenizer worker failed on {op}: {value}")
         return value
 
-    async def _start_worker(self) -> _Worker:
+    async def _start_worker(self) -> TokenizerWorker:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
         parent_end, child_end = context.Pipe(duplex=True)
@@ -284,11 +188,11 @@ class TokenizerPool:
         sock = socket.socket(fileno=os.dup(parent_end.fileno()))
         parent_end.close()
         reader, writer = await asyncio.open_connection(sock=sock)
-        worker = _Worker(process, reader, writer, on_exit=self._replace)
+        worker = TokenizerWorker(process, reader, writer, on_exit=self._replace)
         await worker.wait_ready()
         return worker
 
-    def _replace(self, dead: _Worker) -> None:
+    def _replace(self, dead: TokenizerWorker) -> None:
         """Start a worker in place of `dead` in the background (once per dead worker)."""
         if self._closed or any(task.get_name() == f"replace-{id(dead)}" for task in self._replacing):
             return

@@ -1,4 +1,4 @@
-"""Helpers of the quantization tests: greedy runs and prompt logits through the engine."""
+"""Helpers of the correctness and quantization tests: greedy runs and prompt logits through the engine."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts
+from tests.engine.quant_support import greedy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
@@ -33,18 +34,8 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams = GREEDY) -> dict[str, list[int]]:
-    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.req_id].extend(out.new_token_ids)
-    return outputs
-
-
-def assert_identical(outputs: dict[str, list[int]], expected: list[list[int]]) -> None:
-    mismatched = [i for i, ref in enumerate(expected) if outputs[str(i)] != ref]
+def assert_identical(outputs: list[list[int]], expected: list[list[int]]) -> None:
+    mismatched = [i for i, ref in enumerate(expected) if outputs[i] != ref]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
 
 
@@ -54,13 +45,13 @@ def test_tiny_models_match_transformers(
 ) -> None:
     path, prompts, expected = tiny_model
     engine = LLMEngine(engine_config(str(path), **{"num_blocks": 4096, **kwargs}))
-    assert_identical(run_engine(engine, prompts), expected)
+    assert_identical(greedy(engine, prompts, NEW_TOKENS), expected)
     if name.endswith("preemption"):
         assert engine.scheduler.num_preemptions > 0
     if engine.config.cache.enable_prefix_caching:
         # A second pass over the same prompts is served from the prefix cache, with the same tokens.
         queries_before, hits_before = engine.kv_cache_manager.stats.queries, engine.kv_cache_manager.stats.hits
-        assert_identical(run_engine(engine, prompts), expected)
+        assert_identical(greedy(engine, prompts, NEW_TOKENS), expected)
         assert engine.kv_cache_manager.stats.hits - hits_before > 0
         assert engine.kv_cache_manager.stats.queries > queries_before
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks
@@ -89,7 +80,7 @@ def test_smollm2_matches_transformers(
 ) -> None:
     path, prompts, expected = smollm2_case
     engine = LLMEngine(engine_config(str(path), **{"num_blocks": 1024, **kwargs}))
-    assert_identical(run_engine(engine, prompts), expected)
+    assert_identical(greedy(engine, prompts, NEW_TOKENS), expected)
     if name == "preemption":
         assert engine.scheduler.num_preemptions > 0
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks

@@ -1,4 +1,5 @@
-"""Fixtures of the fault suite."""
+"""Fixtures of the fault suite: the hostile-input tests' shared cluster; a client of a module's own `cluster` and the
+transformers oracle, for the kill and SIGSTOP tests."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from tests.faults.input_support import KV_LEASE_S, fault_cluster
+from tests.e2e.support import Oracle
+from tests.faults.input_support import KV_LEASE_S
+from tests.faults.support import fault_cluster
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +21,15 @@ def input_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     log_dir = tmp_path_factory.mktemp("input-cluster-logs")
     with fault_cluster(log_dir, num_prefill=2, pod_args=("--kv-lease-s", str(KV_LEASE_S))) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[GenerationClient]:
+    """A client of the router of the module's `cluster` fixture."""
+    with GenerationClient(cluster.router_address) as generation_client:
+        yield generation_client
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    return Oracle()

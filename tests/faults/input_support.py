@@ -1,16 +1,14 @@
-"""Helpers of the hostile-input, Redis and router-restart fault tests: a small real cluster per test module, the
-fuzz cases (request bytes) and how their answers are judged, and the " Paris." check that the cluster still
+"""Helpers of the hostile-input, Redis and router-restart fault tests (their cluster: conftest.py's input_cluster):
+the fuzz cases (request bytes) and how their answers are judged, and the " Paris." check that the cluster still
 answers correctly."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -18,11 +16,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from cli.client import GenerationClient
-from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from common.grpc_errors import bad_request_fields
 from common.grpc_server import message_size_options
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run
+from tests.e2e.support import run
 
 PARIS_PROMPT = "The capital of France is"
 PARIS = " Paris."
@@ -33,27 +29,9 @@ KV_LEASE_S = 5.0
 FAILURE_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 
 
-@contextmanager
-def fault_cluster(
-    log_dir: Path, num_prefill: int = 1, num_decode: int = 1, pod_args: Sequence[str] = ()
-) -> Iterator[LocalCluster]:
-    """Redis, the pods and the router as real processes, with the e2e tests' pod flags (then `pod_args`)."""
-    config = ClusterConfig(
-        num_prefill=num_prefill, num_decode=num_decode, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *pod_args), log_dir=log_dir, startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
-    with LocalCluster(config) as cluster:
-        yield cluster
-
-
 def answers_paris(client: GenerationClient) -> str:
     """The text of the greedy 2-token completion of PARIS_PROMPT (PARIS when the cluster is healthy)."""
     return run(client, prompt=PARIS_PROMPT, max_tokens=2, temperature=0.0).text
-
-
-def kv_at_baseline(cluster: LocalCluster) -> bool:
-    """Every pod holds no block and runs no request."""
-    return all(p.num_free_blocks == p.num_total_blocks and p.num_running == 0 for p in cluster.pod_infos())
 
 
 @dataclass(slots=True, frozen=True)

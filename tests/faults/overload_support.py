@@ -1,13 +1,11 @@
-"""Helpers of the overload and cancellation fault tests: a small cluster of real processes, streams
-that report how they ended, closed-loop load that measures goodput, and the KV baseline every pod returns to."""
+"""Helpers of the overload and cancellation fault tests: streams that report how they ended and closed-loop load
+that measures goodput (their cluster and KV baseline: tests/faults/support.py)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,49 +13,15 @@ import grpc
 
 from cli.client import build_request
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from common.grpc_errors import retry_delay_s
-from common.pod_registry import PodInfo
 from pdserve.v1 import generation_pb2_grpc
+from tests.e2e.support import HEARTBEAT_S
 
-HEARTBEAT_S = 0.2
-POD_ARGS = ("--heartbeat-s", str(HEARTBEAT_S), "--long-prefill-token-threshold", "64")
-"""Like the e2e pods' (tests/e2e/support.py): short engine steps, so that a cancel takes effect within a second."""
-STARTUP_TIMEOUT_S = 240.0
+POD_ARGS = ("--num-blocks", "1024")
+"""The overload pods' flags after the e2e pods' (short engine steps, so that a cancel takes effect within a second)."""
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
 KV_BOUND_S = 2.0 + HEARTBEAT_S
 """A cancel frees KV on every pod within 2 s; the registry shows it within one more heartbeat."""
-
-
-@contextmanager
-def cluster_1p1d(
-    log_dir: Path, router_args: tuple[str, ...] = (), num_decode: int = 1, num_blocks: int = 1024
-) -> Iterator[LocalCluster]:
-    """1 prefill pod and `num_decode` decode pods (default 1) of `num_blocks` KV blocks, the router started with
-    `router_args`."""
-    config = ClusterConfig(
-        num_prefill=1, num_decode=num_decode, port=0, registry_refresh_s=HEARTBEAT_S,
-        pod_args=(*POD_ARGS, "--num-blocks", str(num_blocks)),
-        router_args=router_args, log_dir=log_dir, startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
-    with LocalCluster(config) as cluster:
-        yield cluster
-
-
-def idle(pods: list[PodInfo]) -> bool:
-    """Every pod at its KV baseline: all blocks free, nothing running or waiting."""
-    return all(p.num_free_blocks == p.num_total_blocks and p.num_running == 0 and p.num_waiting == 0 for p in pods)
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> float | None:
-    """Seconds until `check()` held, None if it did not within `timeout_s`."""
-    start = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            return None
-        time.sleep(interval_s)
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,5 +1,6 @@
-"""Helpers of the fault tests: a cluster of real processes, streams on threads whose progress a test watches while
+"""Helpers of every fault test: a cluster of real processes, streams on threads whose progress a test watches while
 it breaks something, and the checks every fault scenario makes (KV back to baseline, a fresh request served).
+input_support.py (hostile input) and overload_support.py (load and refusals) add what only their tests need.
 
 Faults are real signals to real processes (kill -9, SIGSTOP/SIGCONT); nothing is mocked.
 """
@@ -33,9 +34,14 @@ SOAK_TIMEOUT_S = 1800
 
 @contextmanager
 def fault_cluster(
-    log_dir: Path, num_prefill: int, num_decode: int, pod_args: Sequence[str] = (), router_args: Sequence[str] = ()
+    log_dir: Path,
+    num_prefill: int = 1,
+    num_decode: int = 1,
+    pod_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
 ) -> Iterator[LocalCluster]:
-    """Redis, the pods (the e2e tests' flags plus `pod_args`) and a router, stopped afterwards."""
+    """Redis, the pods (the e2e tests' flags, then `pod_args`: a flag given again overrides) and a router started
+    with `router_args`, as real processes, stopped afterwards."""
     config = ClusterConfig(
         num_prefill=num_prefill, num_decode=num_decode, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
         pod_args=(*POD_ARGS, *pod_args), router_args=tuple(router_args), log_dir=log_dir,
@@ -100,10 +106,13 @@ def pods_of(cluster: LocalCluster, role: PodRole) -> list[PodInfo]:
     return [pod for pod in cluster.pod_infos() if pod.role == role]
 
 
-def kv_at_baseline(cluster: LocalCluster, role: PodRole) -> bool:
-    """Every live pod of `role` holds no KV block for a request (its last heartbeat says so)."""
-    pods = pods_of(cluster, role)
-    return bool(pods) and all(p.num_free_blocks == p.num_total_blocks and p.num_running == 0 for p in pods)
+def kv_at_baseline(cluster: LocalCluster, role: PodRole | None = None) -> bool:
+    """Every live pod (of `role`, when given) holds no KV block and runs or queues no request (its last heartbeat
+    says so)."""
+    pods = cluster.pod_infos() if role is None else pods_of(cluster, role)
+    return bool(pods) and all(
+        p.num_free_blocks == p.num_total_blocks and p.num_running == 0 and p.num_waiting == 0 for p in pods
+    )
 
 
 def seconds_to_serve(client: GenerationClient, prompt: Sequence[int], timeout_s: float) -> float | None:
@@ -123,6 +132,17 @@ def kill(cluster: LocalCluster, pod_id: str) -> float:
     """kill -9 the pod; the time.monotonic() of the kill."""
     cluster.stop_pod(pod_id, signal.SIGKILL)
     return time.monotonic()
+
+
+def log_errors(cluster: LocalCluster, markers: Sequence[str] = ("Traceback",)) -> dict[str, str]:
+    """The process logs that show any of `markers`: each one's name and its text around the first one."""
+    found = {}
+    for path in sorted(cluster.log_dir.glob("*.log")):
+        text = path.read_text(errors="replace")
+        at = min((i for marker in markers if (i := text.find(marker)) >= 0), default=-1)
+        if at >= 0:
+            found[path.name] = text[max(at - 300, 0) : at + 3000]
+    return found
 
 
 def random_prompt(seed: int, num_tokens: int) -> list[int]:

@@ -16,7 +16,8 @@ import pytest
 from cli.client import build_request
 from cli.cluster import LocalCluster
 from pdserve.v1 import generation_pb2_grpc
-from tests.faults.overload_support import KV_BOUND_S, PROMPT, closed_loop, cluster_1p1d, idle, wait_until
+from tests.faults.overload_support import KV_BOUND_S, PROMPT, closed_loop
+from tests.faults.support import fault_cluster, kv_at_baseline, log_errors, seconds_until
 
 
 def cancel_storm(address: str, num_streams: int, seed: int) -> None:
@@ -50,19 +51,17 @@ def cancel_storm(address: str, num_streams: int, seed: int) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """1 prefill + 2 decode pods: the shape where, before the fixes, a few reservations per storm waited 20 s for
     their lease (a Reserve or Decode call cancelled on its way)."""
-    with cluster_1p1d(tmp_path_factory.mktemp("cancel-logs"), num_decode=2, num_blocks=512) as local_cluster:
+    with fault_cluster(tmp_path_factory.mktemp("cancel-logs"), num_decode=2) as local_cluster:
         yield local_cluster
 
 
 @pytest.mark.slow
 def test_kv_is_back_to_baseline_within_2_s_of_a_cancel_storm(cluster: LocalCluster) -> None:
-    assert wait_until(lambda: idle(cluster.pod_infos()), 10.0) is not None
+    assert seconds_until(lambda: kv_at_baseline(cluster), 10.0) is not None
     cancel_storm(cluster.router_address, 100, seed=0)
-    back_s = wait_until(lambda: idle(cluster.pod_infos()), KV_BOUND_S)
+    back_s = seconds_until(lambda: kv_at_baseline(cluster), KV_BOUND_S)
     assert back_s is not None, cluster.pod_infos()
-    for log in sorted(cluster.log_dir.glob("*.log")):
-        text = log.read_text()
-        assert "Failed to detach context" not in text and "Traceback" not in text, log.name
+    assert log_errors(cluster, ("Failed to detach context", "Traceback")) == {}
 
 
 @pytest.mark.soak
@@ -70,12 +69,12 @@ def test_100_cancelled_streams_kv_baseline_within_2_s_and_throughput_kept(tmp_pa
     """The acceptance shape: 100 streams cancelled at random points; throughput (8 clients, 16 tokens each, 15 s)
     before and after. NOTE: compared per CPU second of the cluster's processes: wall-clock throughput on a shared
     2-core machine swings by half with the other load on it (both are printed)."""
-    with cluster_1p1d(tmp_path, num_decode=2, num_blocks=512) as cluster:
+    with fault_cluster(tmp_path, num_decode=2) as cluster:
         closed_loop(cluster, 8, max_tokens=16, duration_s=5.0)  # warm-up
         before = closed_loop(cluster, 8, max_tokens=16, duration_s=15.0)
-        assert wait_until(lambda: idle(cluster.pod_infos()), 10.0) is not None
+        assert seconds_until(lambda: kv_at_baseline(cluster), 10.0) is not None
         cancel_storm(cluster.router_address, 100, seed=1)
-        back_s = wait_until(lambda: idle(cluster.pod_infos()), 30.0)
+        back_s = seconds_until(lambda: kv_at_baseline(cluster), 30.0)
         after = closed_loop(cluster, 8, max_tokens=16, duration_s=15.0)
         print(f"KV back to baseline {back_s} s after the last cancel; throughput {before.goodput:.1f} -> "
               f"{after.goodput:.1f} tokens/s, {before.tokens_per_cpu_s:.2f} -> {after.tokens_per_cpu_s:.2f} tokens "

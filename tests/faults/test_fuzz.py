@@ -26,11 +26,11 @@ from tests.faults.input_support import (
     PARIS,
     FuzzCase,
     answers_paris,
-    kv_at_baseline,
     random_garbage,
     send_all,
     structured_cases,
 )
+from tests.faults.support import kv_at_baseline, log_errors
 
 NUM_ROUTER_CASES = 300
 NUM_POD_CASES = 40
@@ -139,10 +139,7 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
                          "fields": len(report.fields)}  # fmt: skip
     exited = cluster.poll_exited()
     assert exited is None, f"{exited.name} exited with {exited.returncode}:\n{exited.log_tail()}"
-    tracebacks = {
-        path.name: _first_traceback(path.read_text(errors="replace")) for path in cluster.log_dir.glob("*.log")
-    }
-    assert set(tracebacks.values()) == {""}, tracebacks
+    assert log_errors(cluster) == {}
     started = time.monotonic()
     assert wait_until(lambda: kv_at_baseline(cluster), KV_BASELINE_TIMEOUT_S), cluster.pod_infos()
     figures["kv_back_to_baseline_s"] = round(time.monotonic() - started, 1)
@@ -150,12 +147,6 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
         assert answers_paris(client) == PARIS
     print(json.dumps(figures))
     return figures
-
-
-def _first_traceback(log: str) -> str:
-    """The log around its first traceback; "" when it has none."""
-    at = log.find("Traceback")
-    return "" if at < 0 else log[max(at - 300, 0) : at + 3000]
 
 
 @pytest.mark.slow

@@ -42,17 +42,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-@pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Iterator[GenerationClient]:
-    with GenerationClient(cluster.router_address) as generation_client:
-        yield generation_client
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Oracle:
-    return Oracle()
-
-
 def _busy_prefill_pod(cluster: LocalCluster) -> str | None:
     busy = [pod.pod_id for pod in pods_of(cluster, "prefill") if pod.num_running + pod.num_waiting > 0]
     return busy[0] if busy else None

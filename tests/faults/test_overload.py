@@ -15,15 +15,8 @@ import pytest
 from cli.client import build_request
 from cli.cluster import LocalCluster
 from pdserve.v1 import generation_pb2_grpc
-from tests.faults.overload_support import (
-    KV_BOUND_S,
-    PROMPT,
-    closed_loop,
-    cluster_1p1d,
-    concurrent_streams,
-    idle,
-    wait_until,
-)
+from tests.faults.overload_support import KV_BOUND_S, POD_ARGS, PROMPT, closed_loop, concurrent_streams
+from tests.faults.support import fault_cluster, kv_at_baseline, seconds_until
 
 REFUSAL_BOUND_S = 0.1
 MAX_WAITING = 4
@@ -33,7 +26,7 @@ MAX_WAITING = 4
 def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """The router admits at most MAX_WAITING calls waiting for their first token."""
     router_args = ("--max-waiting-requests-per-prefill-pod", str(MAX_WAITING))
-    with cluster_1p1d(tmp_path_factory.mktemp("overload-logs"), router_args) as cluster:
+    with fault_cluster(tmp_path_factory.mktemp("overload-logs"), pod_args=POD_ARGS, router_args=router_args) as cluster:
         yield cluster
 
 
@@ -49,12 +42,12 @@ def test_calls_beyond_the_limits_are_refused_at_once_with_retry_info(small_clust
     # NOTE: the bound is the median's: on the shared 2-core CI machine a few refusals wait for a busy event loop.
     slowest = sorted(o.duration_s for o in refusals)
     assert slowest[len(slowest) // 2] <= REFUSAL_BOUND_S, slowest
-    assert wait_until(lambda: idle(small_cluster.pod_infos()), KV_BOUND_S) is not None, small_cluster.pod_infos()
+    assert seconds_until(lambda: kv_at_baseline(small_cluster), KV_BOUND_S) is not None, small_cluster.pod_infos()
 
 
 @pytest.mark.slow
 def test_a_call_past_its_deadline_is_deadline_exceeded_and_frees_its_kv(small_cluster: LocalCluster) -> None:
-    assert wait_until(lambda: idle(small_cluster.pod_infos()), 10.0) is not None
+    assert seconds_until(lambda: kv_at_baseline(small_cluster), 10.0) is not None
     with grpc.insecure_channel(small_cluster.router_address) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         # ~1,300 prompt tokens: 21 chunks of 64, far longer than the 1 s deadline on this CPU
@@ -65,7 +58,7 @@ def test_a_call_past_its_deadline_is_deadline_exceeded_and_frees_its_kv(small_cl
         expired_at = time.monotonic()
     assert isinstance(raised.value, grpc.Call)
     assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    freed = wait_until(lambda: idle(small_cluster.pod_infos()), KV_BOUND_S)
+    freed = seconds_until(lambda: kv_at_baseline(small_cluster), KV_BOUND_S)
     assert freed is not None, small_cluster.pod_infos()
     assert time.monotonic() - expired_at <= KV_BOUND_S + 0.5
 
@@ -74,7 +67,7 @@ def test_a_call_past_its_deadline_is_deadline_exceeded_and_frees_its_kv(small_cl
 def test_goodput_at_5x_capacity_is_at_least_80_percent_of_capacity(tmp_path: Path) -> None:
     """The acceptance shape, with the default limits: capacity is the concurrency where goodput saturates (the
     fewest clients of 15, 30, 60 and 120 with 90% of the best goodput); then 5x as many clients."""
-    with cluster_1p1d(tmp_path) as cluster:
+    with fault_cluster(tmp_path, pod_args=POD_ARGS) as cluster:
         closed_loop(cluster, 8, max_tokens=16, duration_s=5.0)  # warm-up
         sweep = {c: closed_loop(cluster, c, max_tokens=16, duration_s=20.0) for c in (15, 30, 60, 120)}
         best = max(r.goodput for r in sweep.values())
@@ -93,13 +86,13 @@ def test_goodput_at_5x_capacity_is_at_least_80_percent_of_capacity(tmp_path: Pat
         assert {o.code for o in overload.outcomes} <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert all(o.retry_delay_s is not None for o in refusals)
         assert overload.goodput >= 0.8 * sweep[capacity].goodput, figures
-        assert wait_until(lambda: idle(cluster.pod_infos()), KV_BOUND_S) is not None, cluster.pod_infos()
+        assert seconds_until(lambda: kv_at_baseline(cluster), KV_BOUND_S) is not None, cluster.pod_infos()
 
 
 @pytest.mark.soak
 def test_300_concurrent_streams_complete_or_are_refused_within_100_ms(tmp_path: Path) -> None:
     """The acceptance shape with the default limits: 300 streams at once on 1P+1D; nothing hangs."""
-    with cluster_1p1d(tmp_path) as cluster:
+    with fault_cluster(tmp_path, pod_args=POD_ARGS) as cluster:
         started = time.monotonic()
         outcomes = concurrent_streams(cluster.router_address, 300, max_tokens=16)
         wall_s = time.monotonic() - started
@@ -112,4 +105,4 @@ def test_300_concurrent_streams_complete_or_are_refused_within_100_ms(tmp_path: 
         assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}
         assert all(o.num_tokens == 16 for o in outcomes if o.code is grpc.StatusCode.OK)
         assert all(t <= REFUSAL_BOUND_S for t in refusals), refusals[-5:]
-        assert wait_until(lambda: idle(cluster.pod_infos()), KV_BOUND_S) is not None, cluster.pod_infos()
+        assert seconds_until(lambda: kv_at_baseline(cluster), KV_BOUND_S) is not None, cluster.pod_infos()

@@ -15,7 +15,8 @@ from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from tests.e2e.support import BLOCK_SIZE, run, sequential, token_prefix, wait_until, with_suffix
 from tests.e2e.test_redis_outage import cached_blocks, registered_and_seen
-from tests.faults.input_support import PARIS, answers_paris, kv_at_baseline
+from tests.faults.input_support import PARIS, answers_paris
+from tests.faults.support import kv_at_baseline
 
 NUM_CLIENTS = 4
 REQUESTS_PER_CLIENT = 10

@@ -15,7 +15,8 @@ import pytest
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from tests.e2e.support import run, wait_until
-from tests.faults.input_support import PARIS, answers_paris, kv_at_baseline
+from tests.faults.input_support import PARIS, answers_paris
+from tests.faults.support import kv_at_baseline
 
 NUM_CLIENTS = 4
 REQUESTS_PER_CLIENT = 10

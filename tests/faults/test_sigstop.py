@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from cli.service_process import ServiceProcess
 from tests.e2e.support import BLOCK_SIZE, Oracle, run
 from tests.faults.support import (
+    Stream,
     fault_cluster,
     join_streams,
     kv_at_baseline,
@@ -42,11 +45,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-@pytest.fixture(scope="module")
-def oracle() -> Oracle:
-    return Oracle()
-
-
 def _free_blocks(cluster: LocalCluster) -> dict[str, int]:
     return {pod.pod_id: pod.num_free_blocks for pod in pods_of(cluster, "decode")}
 
@@ -56,6 +54,41 @@ def _reserving_pod(cluster: LocalCluster, before: dict[str, int]) -> str | None:
     num_blocks = LONG_PROMPT_TOKENS // BLOCK_SIZE - 4
     dropped = [pod_id for pod_id, free in _free_blocks(cluster).items() if before[pod_id] - free >= num_blocks]
     return dropped[0] if len(dropped) == 1 else None
+
+
+def _start_long_stream(cluster: LocalCluster, client: GenerationClient, long_prompt: list[int]) -> tuple[Stream, str]:
+    """Start a greedy stream of `long_prompt`; it and the decode pod that reserved its blocks (polled for)."""
+    before = _free_blocks(cluster)
+    (long_stream,) = start_streams(client, [{"token_ids": long_prompt, "max_tokens": NUM_TOKENS, "temperature": 0.0}])
+    assert seconds_until(lambda: _reserving_pod(cluster, before) is not None, 60.0) is not None
+    victim = _reserving_pod(cluster, before)
+    assert victim is not None
+    return long_stream, victim
+
+
+def _stop_for(process: ServiceProcess, seconds: float) -> float:
+    """SIGSTOP `process` for `seconds`, then SIGCONT it; the time.monotonic() of the stop."""
+    process.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        time.sleep(seconds)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    return stopped_at
+
+
+def _seconds_until_served_by(
+    client: GenerationClient, request: Mapping[str, Any], expected: list[int], pod_id: str, timeout_s: float
+) -> float | None:
+    """Send `request` again and again (each answer must be `expected`) until `pod_id` decodes one: how long that
+    took, None if it did not within `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        completion = run(client, **request)
+        assert completion.token_ids == expected
+        if completion.metrics.decode_pod_id == pod_id:
+            return time.monotonic() - start
+    return None
 
 
 def test_sigstop_a_decode_pod_for_twice_its_lease(
@@ -72,19 +105,9 @@ def test_sigstop_a_decode_pod_for_twice_its_lease(
         assert [len(tokens) for tokens in expected] == [NUM_TOKENS] * len(prompts)
         streams = start_streams(client, requests)
         assert seconds_until(lambda: all(len(s.token_ids) >= 2 for s in streams), 120.0) is not None
-        before = _free_blocks(cluster)
-        (long_stream,) = start_streams(client, [{"token_ids": long_prompt, "max_tokens": NUM_TOKENS,
-                                                 "temperature": 0.0}])  # fmt: skip
-        assert seconds_until(lambda: _reserving_pod(cluster, before) is not None, 60.0) is not None
-        victim = _reserving_pod(cluster, before)
-        assert victim is not None
+        long_stream, victim = _start_long_stream(cluster, client, long_prompt)
         process = cluster.pods[victim]
-        process.send_signal(signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        try:
-            time.sleep(2 * KV_LEASE_S)
-        finally:
-            process.send_signal(signal.SIGCONT)
+        stopped_at = _stop_for(process, 2 * KV_LEASE_S)
         join_streams([*streams, long_stream])
         done_after_stop_s = time.monotonic() - stopped_at
 
@@ -95,25 +118,17 @@ def test_sigstop_a_decode_pod_for_twice_its_lease(
         assert sum(s.num_attempts >= 2 for s in streams) >= 1
         assert long_stream.num_attempts >= 2
 
-        rejoined_at = time.monotonic()
-        served_by_victim = []
-        while time.monotonic() - rejoined_at < 60.0 and not served_by_victim:
-            completion = run(client, **requests[0])
-            assert completion.token_ids == expected[0]
-            if completion.metrics.decode_pod_id == victim:
-                served_by_victim.append(time.monotonic() - rejoined_at)
-        assert served_by_victim, f"{victim} never served again after SIGCONT"
+        served_again_s = _seconds_until_served_by(client, requests[0], expected[0], victim, 60.0)
+        assert served_again_s is not None, f"{victim} never served again after SIGCONT"
         # NOTE: the prefill pod too: it freed what it held for the transfer into the stopped pod.
-        kv_back = seconds_until(
-            lambda: kv_at_baseline(cluster, "decode") and kv_at_baseline(cluster, "prefill"), 2 * KV_LEASE_S
-        )
+        kv_back = seconds_until(lambda: kv_at_baseline(cluster), 2 * KV_LEASE_S)
         assert kv_back is not None
     # NOTE: the long prompt's reservation lapsed while the pod was stopped; its late chunks found it EXPIRED.
     log = process.log_path.read_text()
     assert "ended expired before its claim" in log
     figures = {
         "streams": 5, "migrated": migrated, "failed": 0, "done_after_sigstop_s": round(done_after_stop_s, 2),
-        "victim_serves_again_after_s": round(served_by_victim[0], 2), "kv_back_s": round(kv_back, 2),
+        "victim_serves_again_after_s": round(served_again_s, 2), "kv_back_s": round(kv_back, 2),
     }  # fmt: skip
     record_property("figures", figures)
     print(figures)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -157,28 +158,37 @@ async def test_call_cancelled_before_its_first_chunk_aborts_the_transfer_at_its_
         await worker.aclose()
 
 
-async def test_keepalives_start_at_arrival_while_the_engine_is_inside_a_long_step(tiny_model: Path) -> None:
-    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
-    sender = RecordingSender(engine.runner.kv_cache, 16)
-    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
-    worker.start()
+@asynccontextmanager
+async def _engine_in_a_long_step(worker: PrefillWorker) -> AsyncIterator[None]:
+    """The worker's engine thread is inside one long step until the block ends (then the step returns)."""
     step_running, step_done = threading.Event(), threading.Event()
 
     def long_step(engine: LLMEngine) -> None:
         step_running.set()
         step_done.wait(5.0)
 
+    busy = asyncio.ensure_future(worker._async_engine.call(long_step))
     try:
-        busy = asyncio.ensure_future(worker._async_engine.call(long_step))
         assert await asyncio.to_thread(step_running.wait, 5.0)
-        target = KVTarget("queued", "tcp", "127.0.0.1:1", (7, 9), sender.layout, 0.03)
-        prompt = [random.Random(2).randrange(512) for _ in range(20)]
-        queued = asyncio.ensure_future(_run(worker, prompt, target))
-        await asyncio.sleep(0.2)
-        # The engine has not seen the request yet; its reservation is kept alive all the same.
-        assert len(sender.sends) >= 3 and all(s == ("queued", [], [], False) for s in sender.sends)
+        yield
+    finally:
         step_done.set()
         await busy
+
+
+async def test_keepalives_start_at_arrival_while_the_engine_is_inside_a_long_step(tiny_model: Path) -> None:
+    engine = LLMEngine(engine_config(str(tiny_model), num_blocks=64))
+    sender = RecordingSender(engine.runner.kv_cache, 16)
+    worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0)
+    worker.start()
+    try:
+        async with _engine_in_a_long_step(worker):
+            target = KVTarget("queued", "tcp", "127.0.0.1:1", (7, 9), sender.layout, 0.03)
+            prompt = [random.Random(2).randrange(512) for _ in range(20)]
+            queued = asyncio.ensure_future(_run(worker, prompt, target))
+            await asyncio.sleep(0.2)
+            # The engine has not seen the request yet; its reservation is kept alive all the same.
+            assert len(sender.sends) >= 3 and all(s == ("queued", [], [], False) for s in sender.sends)
         events = await queued
         assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]
         assert [(len(src), dst, last) for _, src, dst, last in sender.sends if src] == [(2, [7, 9], True)]
@@ -192,24 +202,16 @@ async def test_calls_beyond_the_admission_limit_are_refused_with_a_retry_delay(t
     limits = AdmissionLimits(max_waiting_requests=1, max_retry_s=2.5)
     worker = PrefillWorker(engine, sender, "tcp", lease_s=10.0, admission=Admission(limits))
     worker.start()
-    step_running, step_done = threading.Event(), threading.Event()
-
-    def long_step(engine: LLMEngine) -> None:
-        step_running.set()
-        step_done.wait(5.0)
-
     try:
-        busy = asyncio.ensure_future(worker._async_engine.call(long_step))
-        assert await asyncio.to_thread(step_running.wait, 5.0)
-        prompt = [random.Random(3).randrange(512) for _ in range(20)]
-        first = asyncio.create_task(_run(worker, prompt, KVTarget("a", "tcp", "127.0.0.1:1", (1, 2), sender.layout)))
-        await asyncio.sleep(0.05)
-        with pytest.raises(ResourceExhaustedError) as refused:
-            await _run(worker, prompt, KVTarget("b", "tcp", "127.0.0.1:1", (3, 4), sender.layout))
-        assert str(refused.value) == "overloaded: 1 requests waiting (limit 1)"
-        assert refused.value.retry_after_s == 2.5
-        step_done.set()
-        await busy
+        async with _engine_in_a_long_step(worker):
+            prompt = [random.Random(3).randrange(512) for _ in range(20)]
+            target = KVTarget("a", "tcp", "127.0.0.1:1", (1, 2), sender.layout)
+            first = asyncio.create_task(_run(worker, prompt, target))
+            await asyncio.sleep(0.05)
+            with pytest.raises(ResourceExhaustedError) as refused:
+                await _run(worker, prompt, KVTarget("b", "tcp", "127.0.0.1:1", (3, 4), sender.layout))
+            assert str(refused.value) == "overloaded: 1 requests waiting (limit 1)"
+            assert refused.value.retry_after_s == 2.5
         assert [type(e).__name__ for e in await first] == ["FirstToken", "TransferDone"]
         events = await _run(worker, prompt, KVTarget("c", "tcp", "127.0.0.1:1", (5, 6), sender.layout))
         assert [type(e).__name__ for e in events] == ["FirstToken", "TransferDone"]

@@ -1,4 +1,5 @@
-"""Fixtures of the router tests: a real redis-server, the model's tokenizer, one tokenizer pool per module."""
+"""Fixtures of the router tests: a real redis-server, the model's tokenizer and ModelInfo, one tokenizer pool per
+module, and the token ids of a short text."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from cli.redis_server import RedisServer
+from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
+from tests.router.fake_pods import BLOCK_SIZE, MODEL
+from tests.router.lifecycle_support import TEXT
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +42,15 @@ async def tokenizer_pool(smollm2_path: Path, anyio_backend: str) -> AsyncIterato
         yield pool
     finally:
         await pool.aclose()
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path) -> ModelInfo:
+    return ModelInfo.from_folder(MODEL, smollm2_path, BLOCK_SIZE)
+
+
+@pytest.fixture(scope="module")
+def output_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids of TEXT: what the scripted pods answer."""
+    ids: list[int] = tokenizer.encode(TEXT)
+    return ids

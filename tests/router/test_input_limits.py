@@ -3,24 +3,17 @@ wraps within int64, and a tiny positive temperature is greedy (as in vLLM)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from transformers import PreTrainedTokenizerBase
 
 from pdserve.v1 import generation_pb2, sampling_pb2
 from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool
-from tests.router.fake_pods import BLOCK_SIZE, MODEL, FakeDecode, FakePrefill, decode_steps, router_over
+from tests.router.fake_pods import FakeDecode, FakePrefill, decode_steps, router_over
 
 pytestmark = pytest.mark.anyio
 
 INT64_MAX = 2**63 - 1
-
-
-@pytest.fixture(scope="module")
-def model(smollm2_path: Path) -> ModelInfo:
-    return ModelInfo.from_folder(MODEL, smollm2_path, BLOCK_SIZE)
 
 
 async def _generate(
