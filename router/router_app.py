@@ -84,12 +84,7 @@ class RouterApp:
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
             channel_security=security.pod_channels(),
         )  # fmt: skip
-        admission = RouterAdmission(config, lambda: len(self._pods.pods("prefill")))
-        context = RunContext(
-            self._pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size,
-            routing.max_attempts, time.monotonic, tracing, metrics, admission,
-            RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst),
-        )  # fmt: skip
+        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics)
         self._server = grpc.aio.server(
             interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()],
             options=message_size_options(config.max_message_bytes),
@@ -173,3 +168,16 @@ def resolve_tokenizer(name: str) -> Path:
     if (path / "tokenizer.json").is_file():
         return path
     return resolve_model(name)
+
+
+def _run_context(
+    config: RouterConfig, routing: RoutingConfig, pods: PodView, load: LocalLoads,
+    tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics,
+) -> RunContext:  # fmt: skip
+    """What every completion the router runs shares: pods, policy, loads, admission and the retry budget."""
+    admission = RouterAdmission(config, lambda: len(pods.pods("prefill")))
+    retry_budget = RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst)
+    return RunContext(
+        pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size, routing.max_attempts,
+        time.monotonic, tracing, metrics, admission, retry_budget,
+    )  # fmt: skip
