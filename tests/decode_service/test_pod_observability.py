@@ -4,7 +4,6 @@ parents, metrics that move by exact amounts, and nothing of the tracing SDK when
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.ports import free_port
 from cli.redis_server import RedisServer
 from common import telemetry
 from common.telemetry import setup_tracing
@@ -77,12 +77,6 @@ async def test_one_trace_across_both_pods(tiny_model: Path, redis_server: RedisS
     assert not [s for s in spans if "Health" in s.name]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -94,7 +88,7 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 async def test_metrics_move_by_exact_amounts(tiny_model: Path, redis_server: RedisServer) -> None:
-    prefill_port, decode_port = _free_port(), _free_port()
+    prefill_port, decode_port = free_port(), free_port()
     prefill_flags = ["--metrics-port", str(prefill_port), "--metrics-host", "127.0.0.1"]
     decode_flags = ["--metrics-port", str(decode_port), "--metrics-host", "127.0.0.1"]
     async with running_pods(tiny_model, redis_server.url, prefill_flags, decode_flags) as pods:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from cli.autoscaler.run import start_for_cluster
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from cli.ports import free_port
 from cli.redis_server import RedisServer
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until
@@ -206,13 +206,6 @@ def test_prefill_load_adds_a_prefill_pod_then_one_drains_once_the_load_stops(clu
 @pytest.mark.slow
 def test_decode_load_adds_a_decode_pod_that_stays_while_the_load_lasts_then_one_drains(cluster: LocalCluster) -> None:
     scale_out_then_in(cluster, DECODE_HEAVY, "decode", sizes=(16, 48), steady_s=5.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def register(redis_url: str, *pods: PodInfo) -> None:

@@ -7,7 +7,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cli.client import GenerationClient
+from cli.ports import free_port
 from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
@@ -57,13 +57,6 @@ def _tail(path: Path, num_lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else "(none)"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _children(pid: int) -> list[int]:
     """Process ids whose parent is `pid` (from /proc)."""
     found = []
@@ -93,11 +86,11 @@ def _forward_lines(process: subprocess.Popen[str], lines: queue.Queue[str]) -> N
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    port = _free_port()
+    port = free_port()
     log_dir = tmp_path_factory.mktemp("pdserve-up-logs")
     stderr_path = log_dir / "pdserve-up.stderr"
     argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
-            "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(_free_port()),
+            "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(free_port()),
             *POD_ARGS]  # fmt: skip
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)

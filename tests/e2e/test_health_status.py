@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from cli.cluster import LocalCluster
 from cli.health import check_health
+from cli.ports import free_port
 from cli.redis_server import RedisServer
 from common.pod_registry import PodInfo, PodRegistry
 from tests.e2e.support import wait_until
@@ -30,13 +30,6 @@ DEAD_PORT_BOUND_S = 10.0
 
 def pdserve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PDSERVE, *args], capture_output=True, text=True, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

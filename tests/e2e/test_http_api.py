@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from cli.ports import free_port
 from common.auth import bearer_metadata
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S, POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, wait_until
@@ -45,17 +45,10 @@ OPENAI_VENV = Path("/tmp/openai-venv")
 """Where the `openai` SDK lives, apart from pdserve's environment."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def http_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, http_port=_free_port(), registry_refresh_s=REGISTRY_REFRESH_S,
+        num_prefill=1, num_decode=1, port=0, http_port=free_port(), registry_refresh_s=REGISTRY_REFRESH_S,
         pod_args=POD_ARGS, router_args=("--max-streams-per-client", "1"), env={"PDSERVE_AUTH_TOKENS": TOKEN},
         log_dir=tmp_path_factory.mktemp("http-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
     )  # fmt: skip
