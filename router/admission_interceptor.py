@@ -2,7 +2,7 @@
 
 A refusal must come in milliseconds even when hundreds of calls arrive at once, and the router's one event loop is
 what they wait for. So the first interceptor after authentication asks `RouterAdmission.check_open` (draining? queue
-full?) before the method's handler is even looked up: a refused call is never parsed, gets no tracing span and no
+full?) before the method's handler is even looked up: a refused call is never read, gets no tracing span and no
 servicer task, and ends at once with the status of the refusal (UNAVAILABLE or RESOURCE_EXHAUSTED, each with its
 RetryInfo, as common.grpc_errors reports them), counted in the router's rejection metric. A call let in meets the
 same checks again in the lifecycle (with the per-client limit, which needs the call's peer), and the HTTP API meets
@@ -11,7 +11,7 @@ them there only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -46,12 +46,17 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         return await continuation(handler_call_details)
 
     def _refusing(self, status: grpc.Status) -> grpc.RpcMethodHandler[Any, Any]:
-        """A server-streaming handler that ends its call with `status`; its request bytes are never parsed."""
+        """A handler that ends its call with `status` without reading its request.
+
+        NOTE: filed as request-streaming, so that gRPC calls it at once instead of first awaiting the request message
+        (a round trip through gRPC's completion queue per call); on the wire a status is a status, whatever the
+        handler's kind, and the client's unary-stream call ends with it.
+        """
         self._metrics.count_router_rejection(status.code.name)
 
-        async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def refuse(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
             context.set_code(status.code)
             context.set_details(status.details)
             context.set_trailing_metadata(status.trailing_metadata)
 
-        return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)
