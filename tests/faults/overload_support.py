@@ -3,9 +3,12 @@ that measures goodput (their cluster and KV baseline: tests/faults/support.py)."
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +19,16 @@ from cli.cluster import LocalCluster
 from common.grpc_errors import retry_delay_s
 from pdserve.v1 import generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S
+from tests.faults.support import STREAM_TIMEOUT_S
 
 POD_ARGS = ("--num-blocks", "1024")
 """The overload pods' flags after the e2e pods' (short engine steps, so that a cancel takes effect within a second)."""
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
 KV_BOUND_S = 2.0 + HEARTBEAT_S
 """A cancel frees KV on every pod within 2 s; the registry shows it within one more heartbeat."""
+CLIENT_START_S = 3.0
+"""How long after `concurrent_streams` is called its client processes send their calls, all at once (they start,
+import gRPC and connect meanwhile)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,23 +56,40 @@ def stream(stub: generation_pb2_grpc.GenerationServiceStub, max_tokens: int, tim
     return Outcome(grpc.StatusCode.OK, num_tokens, time.monotonic() - started)
 
 
-def concurrent_streams(address: str, num_streams: int, max_tokens: int) -> list[Outcome]:
-    """`num_streams` calls started at once (one thread each, one channel), each read to its end."""
-    outcomes: list[Outcome] = []
-    with grpc.insecure_channel(address) as channel:
+def concurrent_streams(address: str, num_streams: int, max_tokens: int, num_processes: int = 1) -> list[Outcome]:
+    """`num_streams` greedy calls of PROMPT sent at once, each read to its end, from `num_processes` client processes
+    (each an asyncio loop with its own channel, so that the client is not what the calls wait for); each call's
+    `duration_s` runs from its send to its status."""
+    start_at = time.time() + CLIENT_START_S
+    shares = [num_streams // num_processes + (i < num_streams % num_processes) for i in range(num_processes)]
+    with ProcessPoolExecutor(num_processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = pool.map(_client_process, [address] * num_processes, shares, [max_tokens] * num_processes,
+                         [start_at] * num_processes)  # fmt: skip
+        return [outcome for part in parts for outcome in part]
+
+
+def _client_process(address: str, num_streams: int, max_tokens: int, start_at: float) -> list[Outcome]:
+    return asyncio.run(_client_calls(address, num_streams, max_tokens, start_at))
+
+
+async def _client_calls(address: str, num_streams: int, max_tokens: int, start_at: float) -> list[Outcome]:
+    request = build_request(PROMPT, max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    async with grpc.aio.insecure_channel(address) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
-        barrier = threading.Barrier(num_streams)
+        await channel.channel_ready()
 
-        def one() -> None:
-            barrier.wait()
-            outcomes.append(stream(stub, max_tokens))
+        async def one() -> Outcome:
+            started = time.monotonic()
+            num_tokens = 0
+            try:
+                async for message in stub.Generate(request, timeout=STREAM_TIMEOUT_S):
+                    num_tokens += len(message.token_ids)
+            except grpc.aio.AioRpcError as exc:
+                return Outcome(exc.code(), num_tokens, time.monotonic() - started, retry_delay_s(exc))
+            return Outcome(grpc.StatusCode.OK, num_tokens, time.monotonic() - started)
 
-        threads = [threading.Thread(target=one) for _ in range(num_streams)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    return outcomes
+        await asyncio.sleep(max(start_at - time.time(), 0.0))
+        return await asyncio.gather(*(one() for _ in range(num_streams)))
 
 
 def cpu_s(cluster: LocalCluster) -> float:
