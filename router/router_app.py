@@ -109,7 +109,7 @@ class RouterApp:
         self._http: HttpServer | None = None
         if config.http_port:
             api = HttpApi(self.lifecycle, self.status, tokenizer, metrics.registry, authenticator_for(security.auth))
-            self._http = HttpServer(api.app(), config.host, config.http_port)
+            self._http = HttpServer(api.app(), config.host, config.http_port, security.public_tls)
             self.status.http_port = self._http.port
 
     @classmethod
@@ -148,7 +148,8 @@ class RouterApp:
         await self._server.start()
         if self._http is not None:
             await self._http.start()
-            logger.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self._http.port)
+            logger.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host,
+                        self._http.port)  # fmt: skip
         await self._pods.start()
         await self._health.set_serving()
         self.status.serving = True
