@@ -78,8 +78,11 @@ class LocalCluster:
 
     @property
     def http_url(self) -> str | None:
-        """Base URL of the router's HTTP API (`http://host:port`); None when it is off."""
-        return f"http://{connect_host(self.config.host)}:{self.config.http_port}" if self.config.http_port else None
+        """Base URL of the router's HTTP API (`http://host:port`, `https://` with credentials); None when it is off."""
+        if not self.config.http_port:
+            return None
+        scheme = "http" if self.config.credentials is None else "https"
+        return f"{scheme}://{connect_host(self.config.host)}:{self.config.http_port}"
 
     @property
     def metrics_urls(self) -> dict[str, str]:

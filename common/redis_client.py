@@ -18,6 +18,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 SSL_FILE_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+MAX_CONNECTIONS = 16
+"""Connections one client holds at most; a call beyond them waits (within its timeout) for one to come free."""
 
 
 def open_redis(redis_url: str, timeout_s: float) -> aioredis.Redis:
@@ -25,13 +27,17 @@ def open_redis(redis_url: str, timeout_s: float) -> aioredis.Redis:
 
     NOTE: no backoff and one immediate retry on a dropped connection (a restarted Redis), none on timeouts: a call
     costs at most ~2 x timeout_s, and the pool reconnects by itself. A wrong or missing password is a connection
-    error too: callers report it as Redis being unavailable.
+    error too: callers report it as Redis being unavailable. The pool is bounded (MAX_CONNECTIONS): a burst of
+    calls (the router's directory lookups when hundreds of requests arrive at once) reuses a few connections
+    instead of opening one per call, each a handshake of several commands on the event loop.
     """
     url, ssl_files = _split_ssl_files(redis_url)
     retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-    return aioredis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry, **ssl_files
-    )
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s, retry=retry, **ssl_files,
+    )  # fmt: skip
+    return aioredis.Redis.from_pool(pool)
 
 
 def redact(redis_url: str) -> str:

@@ -79,9 +79,10 @@ class Admission:
     def num_streams(self, client_id: str) -> int:
         return self._streams[client_id]
 
-    def check(self, client_id: str, num_prompt_tokens: int = 0, limits: AdmissionLimits | None = None) -> None:
+    def check(self, client_id: str | None, num_prompt_tokens: int = 0, limits: AdmissionLimits | None = None) -> None:
         """Raise ResourceExhaustedError if `admit` would now (e.g. before the prompt is tokenized: 0 tokens, so
-        only a queue already over its token limit refuses); `limits` overrides the service's own for this call."""
+        only a queue already over its token limit refuses; `client_id` None: any client, its limit unchecked);
+        `limits` overrides the service's own for this call."""
         reason = self._over_limit(client_id, num_prompt_tokens, limits or self.limits)
         if reason is not None:
             raise ResourceExhaustedError(f"overloaded: {reason}", retry_after_s=self.retry_after_s(limits))
@@ -129,13 +130,15 @@ class Admission:
         drain_s = self._num_queued_tokens * span_s / max(num_tokens, 1)
         return min(max(drain_s, limits.min_retry_s), limits.max_retry_s)
 
-    def _over_limit(self, client_id: str, num_prompt_tokens: int, limits: AdmissionLimits) -> str | None:
+    def _over_limit(self, client_id: str | None, num_prompt_tokens: int, limits: AdmissionLimits) -> str | None:
         if limits.max_waiting_requests and self._num_waiting >= limits.max_waiting_requests:
             return f"{self._num_waiting} requests waiting (limit {limits.max_waiting_requests})"
         queued = self._num_queued_tokens + num_prompt_tokens
         if limits.max_queued_prompt_tokens and self._num_waiting and queued > limits.max_queued_prompt_tokens:
             return f"{queued} prompt tokens would wait (limit {limits.max_queued_prompt_tokens})"
-        if limits.max_streams_per_client and self._streams[client_id] >= limits.max_streams_per_client:
+        if client_id is None or not limits.max_streams_per_client:
+            return None
+        if self._streams[client_id] >= limits.max_streams_per_client:
             return f"client {client_id!r} has {self._streams[client_id]} streams open " \
                    f"(limit {limits.max_streams_per_client})"  # fmt: skip
         return None

@@ -2,8 +2,9 @@
 
 Serves pdserve.v1.GenerationService (plus health and reflection; NOT_SERVING until the tokenizer
 pool is up) from a `RouterApp` (router.router_app wires the parts) and prints
-`pdserve router serving on <host:port>` once ready. SIGTERM or SIGINT: NOT_SERVING, new calls
-refused, in-flight calls get `_DRAIN_GRACE_S` to finish, then exit 0.
+`pdserve router serving on <host:port>` once ready. SIGTERM or SIGINT: DRAINING (health NOT_SERVING,
+GetLoad DRAINING, HTTP /health 503), new Generate calls refused UNAVAILABLE with a RetryInfo, in-flight calls get
+`--drain-timeout-s` to finish (health and GetLoad answer meanwhile), then the servers stop and the process exits 0.
 Telemetry (common.telemetry_config flags): OTLP traces when an endpoint is known (else no exporter at all),
 Prometheus /metrics on `--metrics-port`.
 Security (router.security, each off unless configured): `--tls-cert/--tls-key` on the public port, `--mtls-*` to
@@ -28,7 +29,8 @@ from router.security import RouterSecurity
 
 logger = logging.getLogger("router")
 
-_DRAIN_GRACE_S = 30.0
+_STOP_GRACE_S = 1.0
+"""After the drain, how long the calls still open (past the drain timeout, or ending just now) get to finish."""
 
 
 def parse_args(
@@ -68,9 +70,10 @@ async def serve(
         await app.start()
         print(f"pdserve router serving on {config.host}:{app.port}", flush=True)
         await app.stopping.wait()
-        logger.info("draining: refusing new calls, %.0f s for in-flight ones", _DRAIN_GRACE_S)
-        await app.drain()
-        grace_s = _DRAIN_GRACE_S
+        logger.info("draining: refusing new calls, %.0f s for in-flight ones", config.drain_timeout_s)
+        await app.drain(config.drain_timeout_s)
+        logger.info("drained")
+        grace_s = _STOP_GRACE_S
     finally:
         await app.close(grace_s)
 

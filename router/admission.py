@@ -1,7 +1,10 @@
 """The router's admission control: how many Generate calls may wait for a first token, and per client.
 
-A call is checked on arrival (`check`: waiting requests and the client's streams, so that a refusal costs no
-tokenizing), and admitted once its prompt is tokenized, before any pod is asked for anything (`gate`):
+A call is checked at the door (`check_open`, by router.admission_interceptor before the call is even parsed: is the
+router draining, is its queue full), again on arrival in the lifecycle (`check`: the same, plus the client's streams,
+so that a refusal costs no tokenizing), and admitted once its prompt is tokenized, before any pod is asked for
+anything (`gate`):
+0. while the router drains, every new call ends UNAVAILABLE with a RetryInfo of DRAIN_RETRY_S;
 1. the limits of RouterConfig apply, the queue limits per live prefill pod (a cluster with more prefill pods
    drains faster): requests waiting for their first token, their prompt tokens, and streams per client;
    beyond any, the call ends RESOURCE_EXHAUSTED with a RetryInfo of the queue's drain time (pod.admission);
@@ -17,10 +20,14 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from typing import TypeVar
 
+from common.errors import UnavailableError
 from pod.admission import Admission, AdmissionLimits
 from router.config import RouterConfig
 
 CLIENT_ID_KEY = "x-client-id"
+DRAIN_RETRY_S = 1.0
+"""The RetryInfo delay of a call refused while the router drains (another router, or this one's successor, serves
+the retry)."""
 T = TypeVar("T")
 
 
@@ -34,10 +41,15 @@ def client_id(metadata: Iterable[tuple[str, str | bytes]], peer: str) -> str:
 
 
 class RouterAdmission:
-    """Admission over this router's Generate calls; `num_prefill_pods()` counts the live prefill pods."""
+    """Admission over this router's Generate calls; `num_prefill_pods()` counts the live prefill pods, `draining()`
+    says whether the router drains."""
 
     def __init__(
-        self, config: RouterConfig, num_prefill_pods: Callable[[], int], clock: Callable[[], float] = time.monotonic
+        self,
+        config: RouterConfig,
+        num_prefill_pods: Callable[[], int],
+        draining: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._per_pod = AdmissionLimits(
             config.max_waiting_requests_per_prefill_pod,
@@ -46,14 +58,22 @@ class RouterAdmission:
             max_retry_s=config.max_retry_s,
         )
         self._num_prefill_pods = num_prefill_pods
+        self._draining = draining
         self.admission = Admission(self._per_pod, clock)
 
     def limits(self) -> AdmissionLimits:
         """The limits now: the queue limits times the live prefill pods (at least one)."""
         return self._per_pod.scaled(max(self._num_prefill_pods(), 1))
 
-    def check(self, client: str) -> None:
-        """ResourceExhaustedError now if a call of `client` would be refused whatever its prompt."""
+    def check_open(self) -> None:
+        """UnavailableError while the router drains; ResourceExhaustedError while any new call would be refused,
+        whoever sent it and whatever its prompt."""
+        self.check(None)
+
+    def check(self, client: str | None) -> None:
+        """As `check_open`, and ResourceExhaustedError if `client` holds as many streams as it may."""
+        if self._draining():
+            raise UnavailableError("draining: this router takes no new calls", retry_after_s=DRAIN_RETRY_S)
         self.admission.check(client, 0, self.limits())
 
     async def gate(

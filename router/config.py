@@ -65,6 +65,11 @@ class RouterConfig:
                      "call's x-client-id metadata value, else its peer address without the port"),
     )  # fmt: skip
     max_retry_s: float = field(default=5.0, metadata=doc("admission: most retry delay a refusal advertises"))
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata=doc("on SIGTERM, how long in-flight calls may finish while health says NOT_SERVING (DRAINING) and "
+                     "new Generate calls get UNAVAILABLE + RetryInfo"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
@@ -89,6 +94,7 @@ class RouterConfig:
         ):  # fmt: skip
             _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         _require(self.max_retry_s > 0, "max_retry_s", f"must be > 0, got {self.max_retry_s}")
+        _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@
   (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods), and
   with `--http-port` the OpenAI-compatible HTTP API (router.http) over the same lifecycle, same tokens.
 - `start()`: the gRPC (and HTTP) server starts, the pod view reads the registry, health turns SERVING.
-- `drain()`: health NOT_SERVING and `status.draining` (GetLoad: DRAINING; HTTP /health: 503 draining), so load
-  balancers and clients stop sending new calls.
+- `drain(timeout_s)`: health NOT_SERVING and `status.draining` (GetLoad: DRAINING; HTTP /health: 503 draining), so
+  load balancers and clients stop sending new calls; a new Generate call (gRPC or HTTP) is refused UNAVAILABLE with a
+  RetryInfo (router.admission); the servers keep serving the calls in flight, health, GetLoad and the rest until none
+  is left, or `timeout_s` passed.
 - `close(grace_s)`: the gRPC and HTTP servers stop (in-flight calls get `grace_s`), then the pod view, the tokenizer
   pool, the directory and the registry close; queued spans are exported; /metrics stops.
 """
@@ -35,6 +37,7 @@ from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.admission import RouterAdmission
+from router.admission_interceptor import AdmissionInterceptor
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer
@@ -51,6 +54,8 @@ from router.server_status import ServerStatus
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 
 logger = logging.getLogger("router")
+
+_DRAIN_POLL_S = 0.05
 
 
 class RouterApp:
@@ -84,15 +89,17 @@ class RouterApp:
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
             channel_security=security.pod_channels(),
         )  # fmt: skip
-        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics)
-        self._server = grpc.aio.server(
-            interceptors=[*tracing.server_interceptors(), *security.server_interceptors(), ErrorInterceptor()],
-            options=message_size_options(config.max_message_bytes),
-        )
-        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
-        """What every front end serves: Generate, Tokenize and the model's info."""
         self.status = ServerStatus(lambda: self._pods.all_pods, config.tokenizer_pool_size)
         """What GetServerInfo, GetLoad and HTTP /health report."""
+        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics, self.status)
+        # NOTE: the door (AdmissionInterceptor) comes before tracing: a refused call costs no span.
+        self._server = grpc.aio.server(
+            interceptors=[*security.server_interceptors(), AdmissionInterceptor(context.admission, metrics),
+                          *tracing.server_interceptors(), ErrorInterceptor()],
+            options=message_size_options(config.max_message_bytes),
+        )  # fmt: skip
+        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
+        """What every front end serves: Generate, Tokenize and the model's info."""
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.lifecycle, metrics, self.status), self._server
         )
@@ -102,7 +109,7 @@ class RouterApp:
         self._http: HttpServer | None = None
         if config.http_port:
             api = HttpApi(self.lifecycle, self.status, tokenizer, metrics.registry, authenticator_for(security.auth))
-            self._http = HttpServer(api.app(), config.host, config.http_port)
+            self._http = HttpServer(api.app(), config.host, config.http_port, security.public_tls)
             self.status.http_port = self._http.port
 
     @classmethod
@@ -141,15 +148,22 @@ class RouterApp:
         await self._server.start()
         if self._http is not None:
             await self._http.start()
-            logger.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self._http.port)
+            logger.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host,
+                        self._http.port)  # fmt: skip
         await self._pods.start()
         await self._health.set_serving()
         self.status.serving = True
 
-    async def drain(self) -> None:
-        """Health NOT_SERVING: new calls go elsewhere; in-flight ones go on until `close`."""
+    async def drain(self, timeout_s: float) -> None:
+        """Health NOT_SERVING and new Generate calls refused (UNAVAILABLE): they go elsewhere; in-flight ones go on,
+        and this returns once none is left or after `timeout_s`."""
         self.status.draining = True
         await self._health.set_not_serving()
+        deadline = time.monotonic() + timeout_s
+        while len(self.lifecycle.running) and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        if num_running := len(self.lifecycle.running):
+            logger.warning("drain timed out after %.1f s with %d calls in flight", timeout_s, num_running)
 
     async def close(self, grace_s: float | None) -> None:
         """Stop the gRPC server (in-flight calls get `grace_s`; None: cancelled now), then everything else."""
@@ -172,10 +186,11 @@ def resolve_tokenizer(name: str) -> Path:
 
 def _run_context(
     config: RouterConfig, routing: RoutingConfig, pods: PodView, load: LocalLoads,
-    tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics,
+    tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics, status: ServerStatus,
 ) -> RunContext:  # fmt: skip
-    """What every completion the router runs shares: pods, policy, loads, admission and the retry budget."""
-    admission = RouterAdmission(config, lambda: len(pods.pods("prefill")))
+    """What every completion the router runs shares: pods, policy, loads, admission (closed while `status` says
+    draining) and the retry budget."""
+    admission = RouterAdmission(config, lambda: len(pods.pods("prefill")), lambda: status.draining)
     retry_budget = RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst)
     return RunContext(
         pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size, routing.max_attempts,

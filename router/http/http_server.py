@@ -1,8 +1,9 @@
 """uvicorn inside the router process, on the event loop of the gRPC server, so both APIs share one lifecycle.
 
-`start()` binds the port itself (0 picks a free one, known at once) and runs `uvicorn.Server.serve` as a task;
-`close(grace_s)` stops accepting, lets open responses finish for `grace_s`, then cancels them. The router keeps
-its own SIGTERM/SIGINT handling: uvicorn's signal capture is turned off.
+With the public port's TLS configured (`--tls-cert/--tls-key`, common.tls.PublicTLSConfig) it serves HTTPS with the
+same certificate and key. `start()` binds the port itself (0 picks a free one, known at once) and runs
+`uvicorn.Server.serve` as a task; `close(grace_s)` stops accepting, lets open responses finish for `grace_s`, then
+cancels them. The router keeps its own SIGTERM/SIGINT handling: uvicorn's signal capture is turned off.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 import uvicorn
 from starlette.applications import Starlette
 
+from common.tls import PublicTLSConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,16 +31,21 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """The HTTP API's server: `app` on `host:port`."""
+    """The HTTP API's server: `app` on `host:port`, over TLS with the public port's certificate when `tls` is on."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(self, app: Starlette, host: str, port: int, tls: PublicTLSConfig | None = None) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port: int = self._socket.getsockname()[1]
         """The bound port."""
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=30)
+        tls = tls or PublicTLSConfig()
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=30,
+            ssl_certfile=tls.tls_cert, ssl_keyfile=tls.tls_key,
+        )  # fmt: skip
+        self.scheme = "https" if tls.enabled else "http"
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
 

@@ -3,9 +3,11 @@ that measures goodput (their cluster and KV baseline: tests/faults/support.py)."
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
-import threading
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,14 +16,18 @@ import grpc
 from cli.client import build_request
 from cli.cluster import LocalCluster
 from common.grpc_errors import retry_delay_s
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S
+from tests.faults.support import STREAM_TIMEOUT_S
 
 POD_ARGS = ("--num-blocks", "1024")
 """The overload pods' flags after the e2e pods' (short engine steps, so that a cancel takes effect within a second)."""
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
 KV_BOUND_S = 2.0 + HEARTBEAT_S
 """A cancel frees KV on every pod within 2 s; the registry shows it within one more heartbeat."""
+CLIENT_START_S = 3.0
+"""How long after `concurrent_streams` or `closed_loop` is called their client processes send their first calls, all
+at once (they start, import gRPC and connect meanwhile)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,37 +41,13 @@ class Outcome:
     retry_delay_s: float | None = None
 
 
-def stream(stub: generation_pb2_grpc.GenerationServiceStub, max_tokens: int, timeout_s: float = 300.0) -> Outcome:
-    """One greedy Generate call of PROMPT, read to its end."""
-    started = time.monotonic()
-    num_tokens = 0
-    try:
-        for message in stub.Generate(build_request(PROMPT, max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
-                                     timeout=timeout_s):  # fmt: skip
-            num_tokens += len(message.token_ids)
-    except grpc.RpcError as exc:
-        assert isinstance(exc, grpc.Call)
-        return Outcome(exc.code(), num_tokens, time.monotonic() - started, retry_delay_s(exc))
-    return Outcome(grpc.StatusCode.OK, num_tokens, time.monotonic() - started)
-
-
-def concurrent_streams(address: str, num_streams: int, max_tokens: int) -> list[Outcome]:
-    """`num_streams` calls started at once (one thread each, one channel), each read to its end."""
-    outcomes: list[Outcome] = []
-    with grpc.insecure_channel(address) as channel:
-        stub = generation_pb2_grpc.GenerationServiceStub(channel)
-        barrier = threading.Barrier(num_streams)
-
-        def one() -> None:
-            barrier.wait()
-            outcomes.append(stream(stub, max_tokens))
-
-        threads = [threading.Thread(target=one) for _ in range(num_streams)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    return outcomes
+def concurrent_streams(address: str, num_streams: int, max_tokens: int, num_processes: int = 1) -> list[Outcome]:
+    """`num_streams` greedy calls of PROMPT sent at once, each read to its end, from `num_processes` client processes
+    (see `_client_process`); each call's `duration_s` runs from its send to its status."""
+    start_at = time.time() + CLIENT_START_S
+    with _client_pool(num_processes) as pool:
+        parts = _start_clients(pool, num_processes, address, num_streams, max_tokens, start_at, None)
+        return [outcome for part in parts for outcome in part.result()[0]]
 
 
 def cpu_s(cluster: LocalCluster) -> float:
@@ -89,28 +71,76 @@ class LoadResult:
     outcomes: list[Outcome]
 
 
-def closed_loop(cluster: LocalCluster, concurrency: int, max_tokens: int, duration_s: float) -> LoadResult:
-    """`concurrency` clients, each sending a call after the last one ended (after its RetryInfo delay when refused)
-    for `duration_s`; goodput counts the tokens of completed calls over the time until the last one ended."""
-    outcomes: list[Outcome] = []
-    cpu_before = cpu_s(cluster)
-    with grpc.insecure_channel(cluster.router_address) as channel:
-        stub = generation_pb2_grpc.GenerationServiceStub(channel)
-        start = time.monotonic()
-        end = start + duration_s
-
-        def client() -> None:
-            while time.monotonic() < end:
-                outcome = stream(stub, max_tokens, timeout_s=max(end - time.monotonic(), 0.1) + 60.0)
-                outcomes.append(outcome)
-                if outcome.retry_delay_s is not None:
-                    time.sleep(min(outcome.retry_delay_s, max(end - time.monotonic(), 0.0)))
-
-        threads = [threading.Thread(target=client) for _ in range(concurrency)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.monotonic() - start
+def closed_loop(
+    cluster: LocalCluster, concurrency: int, max_tokens: int, duration_s: float, num_processes: int = 4
+) -> LoadResult:
+    """`concurrency` clients over `num_processes` client processes, each client sending a call after its last one
+    ended (after its RetryInfo delay when refused) for `duration_s`; goodput counts the tokens of completed calls over
+    the time until the last one ended."""
+    start_at = time.time() + CLIENT_START_S
+    with _client_pool(num_processes) as pool:
+        parts = _start_clients(pool, num_processes, cluster.router_address, concurrency, max_tokens, start_at,
+                               duration_s)  # fmt: skip
+        time.sleep(max(start_at - time.time(), 0.0))
+        cpu_before = cpu_s(cluster)
+        results = [part.result() for part in parts]
+    outcomes = [outcome for part, _ in results for outcome in part]
+    elapsed = max(last for _, last in results) - start_at
     completed = sum(o.num_tokens for o in outcomes if o.code is grpc.StatusCode.OK)
     return LoadResult(completed / elapsed, completed / max(cpu_s(cluster) - cpu_before, 1e-3), outcomes)
+
+
+def _client_pool(num_processes: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(num_processes, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _start_clients(
+    pool: ProcessPoolExecutor, num_processes: int, address: str, num_clients: int, max_tokens: int, start_at: float,
+    duration_s: float | None,
+) -> list[Future[tuple[list[Outcome], float]]]:  # fmt: skip
+    """`num_clients` clients spread over the pool's `num_processes` processes (see `_client_process`)."""
+    shares = [num_clients // num_processes + (i < num_clients % num_processes) for i in range(num_processes)]
+    return [pool.submit(_client_process, address, n, max_tokens, start_at, duration_s) for n in shares if n]
+
+
+def _client_process(
+    address: str, num_clients: int, max_tokens: int, start_at: float, duration_s: float | None
+) -> tuple[list[Outcome], float]:
+    """One client process: an asyncio loop with its own channel (so that the client is not what the calls wait for)
+    whose `num_clients` clients each send their first call at `start_at` (time.time()), then, for `duration_s` (None:
+    no more), the next once the last ended; every call's outcome, and the time.time() when the last one ended."""
+    return asyncio.run(_clients(address, num_clients, max_tokens, start_at, duration_s))
+
+
+async def _clients(
+    address: str, num_clients: int, max_tokens: int, start_at: float, duration_s: float | None
+) -> tuple[list[Outcome], float]:
+    request = build_request(PROMPT, max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        await channel.channel_ready()
+        await asyncio.sleep(max(start_at - time.time(), 0.0))
+        end = time.monotonic() + (duration_s or 0.0)
+
+        async def client() -> list[Outcome]:
+            outcomes: list[Outcome] = []
+            while not outcomes or time.monotonic() < end:
+                outcomes.append(await _call(stub, request))
+                if outcomes[-1].retry_delay_s is not None:
+                    await asyncio.sleep(min(outcomes[-1].retry_delay_s, max(end - time.monotonic(), 0.0)))
+            return outcomes
+
+        parts = await asyncio.gather(*(client() for _ in range(num_clients)))
+    return [outcome for part in parts for outcome in part], time.time()
+
+
+async def _call(stub: generation_pb2_grpc.GenerationServiceStub, request: generation_pb2.GenerateRequest) -> Outcome:
+    """One call, read to its end: its outcome, timed from its send to its status."""
+    started = time.monotonic()
+    num_tokens = 0
+    try:
+        async for message in stub.Generate(request, timeout=STREAM_TIMEOUT_S):
+            num_tokens += len(message.token_ids)
+    except grpc.aio.AioRpcError as exc:
+        return Outcome(exc.code(), num_tokens, time.monotonic() - started, retry_delay_s(exc))
+    return Outcome(grpc.StatusCode.OK, num_tokens, time.monotonic() - started)

@@ -15,11 +15,21 @@ import pytest
 from cli.client import build_request
 from cli.cluster import LocalCluster
 from pdserve.v1 import generation_pb2_grpc
-from tests.faults.overload_support import KV_BOUND_S, POD_ARGS, PROMPT, closed_loop, concurrent_streams
+from tests.faults.overload_support import (
+    CLIENT_START_S,
+    KV_BOUND_S,
+    POD_ARGS,
+    PROMPT,
+    closed_loop,
+    concurrent_streams,
+)
 from tests.faults.support import fault_cluster, kv_at_baseline, seconds_until
 
 REFUSAL_BOUND_S = 0.1
+"""From a call's send to its status (tests.faults.overload_support.concurrent_streams)."""
 MAX_WAITING = 4
+NUM_CLIENT_PROCESSES = 4
+"""The 300-call burst's client processes: one process's 300 calls cost the client as much CPU as the router."""
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +104,17 @@ def test_300_concurrent_streams_complete_or_are_refused_within_100_ms(tmp_path: 
     """The acceptance shape with the default limits: 300 streams at once on 1P+1D; nothing hangs."""
     with fault_cluster(tmp_path, pod_args=POD_ARGS) as cluster:
         started = time.monotonic()
-        outcomes = concurrent_streams(cluster.router_address, 300, max_tokens=16)
-        wall_s = time.monotonic() - started
+        outcomes = concurrent_streams(cluster.router_address, 300, max_tokens=16, num_processes=NUM_CLIENT_PROCESSES)
+        wall_s = time.monotonic() - started - CLIENT_START_S
         codes = Counter(o.code.name for o in outcomes)
         refusals = sorted(o.duration_s for o in outcomes if o.code is grpc.StatusCode.RESOURCE_EXHAUSTED)
         done = sorted(o.duration_s for o in outcomes if o.code is grpc.StatusCode.OK)
-        refusal_times = f"{refusals[len(refusals) // 2]:.3f}/{refusals[-1]:.3f} s" if refusals else "none"
+        refusal_times = "none"
+        if refusals:
+            p50, p99 = (refusals[int(len(refusals) * q)] for q in (0.5, 0.99))
+            refusal_times = f"{p50:.3f}/{p99:.3f}/{refusals[-1]:.3f} s"
         print(f"300 streams: {codes} in {wall_s:.1f} s; completed p50 {done[len(done) // 2]:.1f} s; refusals "
-              f"p50/max {refusal_times}")  # fmt: skip
+              f"p50/p99/max {refusal_times}")  # fmt: skip
         assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}
         assert all(o.num_tokens == 16 for o in outcomes if o.code is grpc.StatusCode.OK)
         assert all(t <= REFUSAL_BOUND_S for t in refusals), refusals[-5:]

@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from common.errors import ResourceExhaustedError
+from common.errors import ResourceExhaustedError, UnavailableError
 from pod.admission import AdmissionLimits
-from router.admission import RouterAdmission, client_id
+from router.admission import DRAIN_RETRY_S, RouterAdmission, client_id
 from router.config import RouterConfig
 
 
@@ -62,3 +62,24 @@ def test_the_gate_refuses_beyond_the_limit_and_counts_until_the_first_chunk_and_
         assert admission.admission.num_streams("bob") == 0
 
     asyncio.run(main())
+
+
+def test_the_door_is_closed_while_draining_or_full_and_the_client_limit_needs_a_client() -> None:
+    draining = [False]
+    config = RouterConfig(max_waiting_requests_per_prefill_pod=2, max_streams_per_client=1, max_retry_s=2.0)
+    admission = RouterAdmission(config, lambda: 1, lambda: draining[0])
+    ticket = admission.admission.admit("alice", 10, admission.limits())
+    admission.check_open()
+    admission.check("bob")
+    with pytest.raises(ResourceExhaustedError, match="client 'alice' has 1 streams open"):
+        admission.check("alice")
+    admission.admission.admit("bob", 10, admission.limits())
+    with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
+        admission.check_open()
+    admission.admission.finish(ticket)
+    draining[0] = True
+    with pytest.raises(UnavailableError, match="draining") as refused:
+        admission.check_open()
+    assert refused.value.retry_after_s == DRAIN_RETRY_S
+    with pytest.raises(UnavailableError):
+        admission.check("carol")

@@ -1,0 +1,79 @@
+"""The router's door (router.admission_interceptor) over a real gRPC server: a Generate call the router would refuse
+ends at once with its status and RetryInfo, unparsed and unseen by the servicer; other calls pass."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from common.grpc_errors import ErrorInterceptor, retry_delay_s
+from common.metrics import ServiceMetrics
+from pdserve.v1 import generation_pb2, generation_pb2_grpc
+from router.admission import DRAIN_RETRY_S, RouterAdmission
+from router.admission_interceptor import GENERATE_METHOD, AdmissionInterceptor
+from router.config import RouterConfig
+
+MAX_RETRY_S = 2.0
+
+
+class _Servicer(generation_pb2_grpc.GenerationServiceServicer):
+    """Answers Generate with one response and Tokenize with one token; records each call it sees."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> AsyncIterator[Any]:
+        self.calls.append("Generate")
+        yield generation_pb2.GenerateResponse(request_id=request.request_id)
+
+    async def Tokenize(self, request: generation_pb2.TokenizeRequest, context: Any) -> Any:
+        self.calls.append("Tokenize")
+        return generation_pb2.TokenizeResponse(token_ids=[1], num_tokens=1)
+
+
+@pytest.mark.anyio
+async def test_the_door_refuses_while_full_or_draining_and_lets_the_rest_through() -> None:
+    draining = [False]
+    config = RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=MAX_RETRY_S)
+    admission = RouterAdmission(config, lambda: 1, lambda: draining[0])
+    metrics = ServiceMetrics("router")
+    servicer = _Servicer()
+    server = grpc.aio.server(interceptors=[AdmissionInterceptor(admission, metrics), ErrorInterceptor()])
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            garbage = channel.unary_stream(GENERATE_METHOD)  # raw bytes out and in
+            tokenize = generation_pb2.TokenizeRequest(text="hi")
+
+            assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="a"))] == ["a"]
+            ticket = admission.admission.admit("someone", 10, admission.limits())
+            for call in (stub.Generate(generation_pb2.GenerateRequest(request_id="b")), garbage(b"\xff\xff")):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    [r async for r in call]
+                assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert refused.value.details() == "overloaded: 1 requests waiting (limit 1)"
+                assert retry_delay_s(refused.value) == MAX_RETRY_S
+            assert (await stub.Tokenize(tokenize)).num_tokens == 1
+
+            admission.admission.finish(ticket)
+            draining[0] = True
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))]
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert retry_delay_s(refused.value) == DRAIN_RETRY_S
+            assert (await stub.Tokenize(tokenize)).num_tokens == 1
+    finally:
+        await server.stop(None)
+    assert servicer.calls == ["Generate", "Tokenize", "Tokenize"]
+    rejections = {
+        code: metrics.registry.get_sample_value("pdserve:router_rejections_total", {"role": "router", "code": code})
+        for code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
+    }
+    assert rejections == {"RESOURCE_EXHAUSTED": 2.0, "UNAVAILABLE": 1.0}
