@@ -2,7 +2,7 @@
 
 Each case runs the 16 mixed-length prompts (a shared 64-token prefix among them) with the replay proposer at 0%,
 30% and 100% corruption or the n-gram proposer, across prefix caching on/off, chunked prefill, a pool small enough
-to force preemption, and n = 2; the block pool must be fully free after every run.
+to force preemption, and async scheduling; the block pool must be fully free after every run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from tests.engine.model_factory import NEW_TOKENS
 TinyModel = tuple[Path, list[list[int]], list[list[int]]]
 
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "replay30-prefix-cache": ({"method": "replay", "replay_corruption": 0.3}, {"num_blocks": 512}),
+    "replay30-prefix-cache-async": (
+        {"method": "replay", "replay_corruption": 0.3},
+        {"num_blocks": 512, "async_scheduling": True},
+    ),
     "replay0-no-prefix-cache-chunked": (
         {"method": "replay", "replay_corruption": 0.0, "num_speculative_tokens": 5},
         {"num_blocks": 512, "enable_prefix_caching": False, "long_prefill_token_threshold": 48},
