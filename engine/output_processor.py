@@ -53,10 +53,10 @@ class OutputProcessor:
             if child is None:
                 continue
             completion = child.completion
-            completion.token_ids.extend(out.new_token_ids)
+            step, num_kept = child.detokenizer.update_each(out.new_token_ids)
+            completion.token_ids.extend(out.new_token_ids[:num_kept])
             if completion.logprobs is not None:
-                completion.logprobs.extend(lp for lp in out.new_logprobs if lp is not None)
-            step = child.detokenizer.update(out.new_token_ids)
+                completion.logprobs.extend(lp for lp in out.new_logprobs[:num_kept] if lp is not None)
             completion.text = child.detokenizer.output_text
             child.parent.num_cached_tokens = out.num_cached_tokens
             if step.stop_reason is not None and not out.finished:
