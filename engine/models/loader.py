@@ -149,7 +149,8 @@ def projection_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, int]]:
     for name, module in model.model.named_modules(prefix="model"):
         if isinstance(module, StackedLinear):
             parent = name.rsplit(".", 1)[0]
-            shapes |= {f"{parent}.{s}": (n, module.in_features) for s, n in zip(module.shard_names, module.shard_sizes)}
+            sizes = zip(module.shard_names, module.shard_sizes, strict=True)
+            shapes |= {f"{parent}.{shard}": (n, module.in_features) for shard, n in sizes}
         elif isinstance(module, Linear):
             shapes[name] = (module.out_features, module.in_features)
     return shapes

@@ -6,15 +6,21 @@ run the real shapes.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
 
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.layers.quant.int4 import Awq, Gptq, Int4Checkpoint
 from engine.layers.quant.int4_layout import PackedInt4
 from engine.layers.quant.triton_int4 import GEMV_CONFIGS, int4_linear
-from tests.engine.int4_reference import Int4Format, quantization_config, quantize_projection
+from engine.models.arch_config import ArchConfig
+from engine.models.loader import build_model, checkpoint_tensors, load_weights, process_weights_after_loading
+from tests.engine.int4_reference import Int4Format, quantization_config, quantize_projection, write_int4_checkpoint
 
 FORMATS = {
     "gptq": Int4Format("gptq"),
@@ -26,6 +32,10 @@ FLOAT32_TOLERANCE = 1e-5
 """Relative error (norm) of float32 outputs: only the summation order differs from the float64 reference."""
 HALF_TOLERANCE = 1e-2
 """Relative error of bf16/fp16 outputs vs float64: activations and output rounded to 8 (bf16) bits."""
+SMALL_QWEN3 = Qwen3Config(
+    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+)  # fmt: skip
 
 
 def make_case(name: str, n: int, k: int, device: str, seed: int) -> tuple[PackedInt4, torch.Tensor]:
@@ -58,13 +68,44 @@ def check_int4_linear(
     assert error < tolerance, f"m={m} n={n} k={k} {dtype} {gemv_config}: relative error {error:.2e}"
 
 
+def check_packed_model_layers(folder: Path) -> None:
+    """A model loaded packed from the int4 checkpoint in `folder` (fused q|k|v and gate|up layers stacked by the
+    loader, act-order permutations shared by their shards) runs each projection of layer 0 as the dequantized model
+    does, at 1 row (GEMV) and 12 rows (GEMM): the stacked layers, whose loading differs from a plain one."""
+    cfg = ArchConfig.from_folder(folder)
+    assert cfg.quantization_config is not None
+    models = []
+    for packed in (True, False):
+        quant = Gptq(cfg.quantization_config, packed=packed)
+        model = build_model(cfg, TorchAttentionBackend(16, 1.0), torch.float32, torch.device("cpu"), quant)
+        load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
+        process_weights_after_loading(model)
+        models.append(model)
+    packed_layer, dense_layer = models[0].model.layers[0], models[1].model.layers[0]
+    gen = torch.Generator().manual_seed(0)
+    for name in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        packed_linear, dense_linear = packed_layer.get_submodule(name), dense_layer.get_submodule(name)
+        for rows in (1, 12):
+            x = torch.randn(rows, dense_linear.in_features, generator=gen)
+            want = x.double() @ dense_linear.weight.double().T
+            error = float((packed_linear(x).double() - want).norm() / want.norm())
+            assert error < FLOAT32_TOLERANCE, f"{name}, {rows} rows: relative error {error:.2e}"
+
+
 def run_interpreted_checks() -> None:
-    """Small CPU cases (the process must start with TRITON_INTERPRET=1): every GEMV tile at 1 and 3 rows, the GEMM
-    at 20 rows, on 48 outputs (no tile divides it) x 384 inputs (3 groups, which no multi-group tile divides)."""
+    """Small CPU cases (the process must start with TRITON_INTERPRET=1): the GEMV at 1 row (every tile on the
+    asymmetric act-order format, one tile on the others) and 3 rows, the GEMM at 20 rows, on 48 outputs (no tile
+    divides it) x 384 inputs (3 groups, which no multi-group tile divides); then a one-layer qwen3 (hidden 128)
+    GPTQ act-order checkpoint loaded packed, layer by layer."""
+    gemv_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in GEMV_CONFIGS]
     for seed, name in enumerate(FORMATS):
         case = make_case(name, 48, 384, "cpu", seed)
-        for config in GEMV_CONFIGS:
-            gemv = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        for gemv in gemv_configs if name == "gptq_v2-asym-act-order" else gemv_configs[1:2]:
             check_int4_linear(case, 1, torch.float32, bias=False, seed=seed, gemv_config=gemv)
-        check_int4_linear(case, 3, torch.float32, bias=True, seed=seed, gemv_config=gemv)
+        check_int4_linear(case, 3, torch.float32, bias=True, seed=seed, gemv_config=gemv_configs[2])
         check_int4_linear(case, 20, torch.float32, bias=seed % 2 == 0, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(SMALL_QWEN3, dtype=torch.float32).save_pretrained(Path(tmp) / "float")
+        write_int4_checkpoint(Path(tmp) / "float", Path(tmp) / "int4", FORMATS["gptq-act-order"])
+        check_packed_model_layers(Path(tmp) / "int4")

@@ -35,6 +35,8 @@ def pack_nibbles(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(
 def quantize_groups(weight: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """weight [out, in] -> (q [out, in] in 0..15, zeros [groups, out] in 0..15, float16 scales [groups, out])."""
     out_features, in_features = weight.shape
+    if in_features % GROUP_SIZE:
+        raise ValueError(f"int4 groups of {GROUP_SIZE} need in_features % {GROUP_SIZE} == 0, got {in_features}")
     w = weight.float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     if symmetric:
         scale = (w.abs().amax(dim=2) * 2 / 15).to(torch.float16)

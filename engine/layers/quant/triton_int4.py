@@ -23,7 +23,8 @@ import triton.language as tl
 from engine.layers.quant.int4_layout import GROUP_SIZE, WORDS_PER_GROUP, PackedInt4
 
 GEMV_MAX_ROWS = 8
-_MAGIC = tl.constexpr(0x4B000000)  # the bits of float 2^23: OR-ing a nibble into its low mantissa bits gives 2^23 + nibble
+# NOTE: the bits of float 2^23; OR-ing a nibble into its low mantissa bits gives the float 2^23 + nibble.
+_MAGIC = tl.constexpr(0x4B000000)
 _MAGIC_FLOAT = tl.constexpr(8388608.0)
 
 
@@ -87,6 +88,9 @@ GEMV_CONFIGS = [
     for block_n, groups, warps, stages in ((4, 2, 2, 4), (4, 4, 4, 3), (8, 4, 4, 3), (4, 8, 4, 3), (16, 4, 4, 3),
                                            (8, 8, 8, 3), (16, 8, 8, 2))
 ]  # fmt: skip
+
+
+UNTUNED_GEMV_CONFIG = {"BLOCK_N": 8, "GROUPS": 4, "num_warps": 4, "num_stages": 3}
 
 
 def _bench_briefly(fn, quantiles):
@@ -162,7 +166,8 @@ def int4_linear(
     x: torch.Tensor, packed: PackedInt4, bias: torch.Tensor | None, gemv_config: dict[str, int] | None = None
 ) -> torch.Tensor:
     """x [M, K] @ dequant(packed)^T + bias -> [M, N] in x's dtype. `gemv_config` (BLOCK_N, GROUPS, num_warps,
-    num_stages) fixes the GEMV tile instead of autotuning it (tests, Triton's interpreter)."""
+    num_stages) fixes the GEMV tile instead of autotuning it (tests); off CUDA (Triton's interpreter) the GEMV runs
+    UNTUNED_GEMV_CONFIG."""
     _check(x, packed, bias)
     m, k = x.shape
     n = packed.weight.shape[0]
@@ -172,6 +177,8 @@ def int4_linear(
     flags = {"HAS_PERM": packed.perm is not None, "HAS_BIAS": bias is not None}
     if m <= GEMV_MAX_ROWS:
         block_m = triton.next_power_of_2(m)
+        if gemv_config is None and x.device.type != "cuda":
+            gemv_config = UNTUNED_GEMV_CONFIG
         if gemv_config is None:
             _int4_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
         else:
