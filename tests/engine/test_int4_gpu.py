@@ -2,12 +2,12 @@
 quantizer to GPTQ act-order, run on the int4 kernels in bf16, against bf16 on the same dequantized weights.
 
 Tolerances (relative to the standard deviation of the bf16 logits): the two runs differ only in the kernels'
-rounding. The GEMM rounds each dequantized weight to bf16 as the reference model holds it, the GEMV keeps it exact
-in float32 (2^-9 relative difference per weight, averaging out over K); both round outputs to bf16 (2^-8) in
-another summation order. Through 4 residual layers that is well under 1% of the hidden state's scale, so
-mean |d logit| <= 2% of std and no position beyond 20% of std; a wrong group, zero or permutation costs the
-order of 100%. Greedy agreement against the unquantized bf16 model (quantization error, not kernel error) is
-printed, not bounded.
+rounding. The GEMM rounds each dequantized weight to bf16 as the reference model holds it; the GEMV keeps it exact
+in float32 (up to 2^-9 relative per weight); both round outputs to bf16 in another summation order. A CPU
+simulation of the larger of the two (every projection with float32 dequantized weights, bf16 in and out, against
+the bf16 model on the same weights; 5 of these prompts) measured mean |d logit| 1.3% and max 7.3% of std, so the
+bounds are mean <= 3% and max <= 20%; a wrong group, zero or permutation costs the order of 100%. Greedy agreement
+with the unquantized bf16 model (quantization error, not kernel error) is printed, not bounded.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SHAPE = Qwen3Config(
     vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=8,
     num_key_value_heads=4, head_dim=128, max_position_embeddings=1024,
 )  # fmt: skip
-MEAN_LOGIT_ERROR_PER_STD = 0.02
+MEAN_LOGIT_ERROR_PER_STD = 0.03
 MAX_LOGIT_ERROR_PER_STD = 0.2
 NEW_TOKENS = 32
 
