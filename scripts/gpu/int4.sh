@@ -3,7 +3,7 @@
 # Qwen3 in int4 vs bf16 on the same dequantized weights, greedy agreement with unquantized bf16), the int4 GEMV
 # micro-benchmark (GB/s vs the bf16 GEMV), W1 batch-1 TPOT on the Qwen3-8B shape in bf16 and GPTQ int4 (random weights
 # quantized in memory) with the int4 decode floor, and W2 2048-token TTFT in int4. Total run time: about 5 minutes on
-# an H100 (the first int4 calls compile and autotune the GEMV tiles).
+# an H100 (the first int4 calls compile and autotune the GEMV tiles); each step has a timeout (at most 9 minutes in all).
 # Run from the repo root: source scripts/device_env.sh && OUT=/some/folder bash scripts/gpu/int4.sh
 # Writes to $OUT: int4_tests.txt, gemv_int4.txt + bench_gemv_int4.json, w1_none.json, w1_gptq.json, w2_gptq.json,
 # one log per bench run, and summary.txt (what the last lines print).
@@ -13,12 +13,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SHAPE=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 
-timeout 170 python3 -m pytest -q -s -m gpu tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py \
+timeout 150 python3 -m pytest -q -s -m gpu tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py \
     >"$OUT/int4_tests.txt" 2>&1
 echo "tests exit $?"
 grep -E "^int4 |passed|failed|error" "$OUT/int4_tests.txt" | tail -6
 
-timeout 90 python3 -m bench.kernel_gemv_int4 --out "$OUT" 2>&1 | tee "$OUT/gemv_int4.txt" | grep -v Warning
+timeout 75 python3 -m bench.kernel_gemv_int4 --out "$OUT" 2>&1 | tee "$OUT/gemv_int4.txt" | grep -v Warning
 
 for method in none gptq; do
     timeout 110 python3 -m bench --workload w1 "${SHAPE[@]}" --quantization "$method" --num-prompts 2 \

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.layers.quant.int4 import Awq, Gptq, Int4Checkpoint
-from engine.layers.quant.int4_layout import PackedInt4
+from engine.layers.quant.int4_layout import PackedInt4, dequantize, pack_kernel_order
 from engine.layers.quant.triton_int4 import GEMV_CONFIGS, int4_linear
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, checkpoint_tensors, load_weights, process_weights_after_loading
@@ -48,6 +48,20 @@ def make_case(name: str, n: int, k: int, device: str, seed: int) -> tuple[Packed
     moved = {f: getattr(packed, f).to(device) for f in ("weight", "scale", "zero")}
     perm = None if packed.perm is None else packed.perm.to(device)
     return replace(packed, **moved, perm=perm), dequantized.to(device)
+
+
+def random_case(n: int, k: int, act_order: bool, device: str, seed: int) -> tuple[PackedInt4, torch.Tensor]:
+    """Random nibbles, scales, zeros (0..15) and, with `act_order`, a random input permutation, packed on `device`
+    (fast at the 8B shapes), with the weight they stand for (`dequantize`, checked exact on the CPU against the
+    reference quantizer through `make_case`)."""
+    gen = torch.Generator(device).manual_seed(seed)
+    groups = k // 128
+    q = torch.randint(0, 16, (n, k), generator=gen, device=device)
+    scale = (torch.rand(n, groups, generator=gen, device=device) * 0.01 + 1e-3).half()
+    zero = torch.randint(0, 16, (n, groups), generator=gen, device=device).to(torch.uint8)
+    perm = torch.randperm(k, generator=gen, device=device).to(torch.int32) if act_order else None
+    packed = PackedInt4(pack_kernel_order(q), scale, zero, perm)
+    return packed, dequantize(packed)
 
 
 def check_int4_linear(
@@ -95,8 +109,8 @@ def check_packed_model_layers(folder: Path) -> None:
 def run_interpreted_checks() -> None:
     """Small CPU cases (the process must start with TRITON_INTERPRET=1): the GEMV at 1 row (every tile on the
     asymmetric act-order format, one tile on the others) and 3 rows, the GEMM at 20 rows, on 48 outputs (no tile
-    divides it) x 384 inputs (3 groups, which no multi-group tile divides); then a one-layer qwen3 (hidden 128)
-    GPTQ act-order checkpoint loaded packed, layer by layer."""
+    divides it) x 384 inputs (3 groups, which no multi-group tile divides); a `random_case` (as the GPU tests use);
+    then a one-layer qwen3 (hidden 128) GPTQ act-order checkpoint loaded packed, layer by layer."""
     gemv_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in GEMV_CONFIGS]
     for seed, name in enumerate(FORMATS):
         case = make_case(name, 48, 384, "cpu", seed)
@@ -104,6 +118,9 @@ def run_interpreted_checks() -> None:
             check_int4_linear(case, 1, torch.float32, bias=False, seed=seed, gemv_config=gemv)
         check_int4_linear(case, 3, torch.float32, bias=True, seed=seed, gemv_config=gemv_configs[2])
         check_int4_linear(case, 20, torch.float32, bias=seed % 2 == 0, seed=seed)
+    random = random_case(40, 256, act_order=True, device="cpu", seed=9)
+    check_int4_linear(random, 2, torch.float32, bias=False, seed=9)
+    check_int4_linear(random, 9, torch.float32, bias=False, seed=9)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(SMALL_QWEN3, dtype=torch.float32).save_pretrained(Path(tmp) / "float")

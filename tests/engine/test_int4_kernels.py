@@ -18,7 +18,7 @@ from engine.layers.quant.int4_random import quantized_parts
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import MODEL_SHAPES
-from tests.engine.int4_kernel_checks import FORMATS, check_int4_linear, make_case
+from tests.engine.int4_kernel_checks import FORMATS, check_int4_linear, make_case, random_case
 from tests.engine.int4_reference import Int4Format, quantize_projection
 from tests.engine.quant_support import greedy
 from tests.engine.triton_interpreter import run_interpreted
@@ -86,11 +86,11 @@ def test_kernels_in_triton_interpreter() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=[f"{n}x{k}" for n, k in GPU_SHAPES])
-@pytest.mark.parametrize("name", ["gptq", "gptq-act-order", "awq"])
-def test_int4_kernels_on_gpu(shape: tuple[int, int], name: str) -> None:
-    """bf16 at the 8B projection shapes, GEMV (1-8 rows, autotuned tile) and GEMM (16-300 rows); fp16 once."""
-    case = make_case(name, *shape, "cuda", seed=shape[0] + shape[1])
-    for rows in (1, 2, 5, 8, 9, 16, 40, 64, 300):
+@pytest.mark.parametrize("act_order", [False, True], ids=["in-order", "act-order"])
+def test_int4_kernels_on_gpu(shape: tuple[int, int], act_order: bool) -> None:
+    """bf16 at the 8B projection shapes, GEMV (1-4 rows, autotuned tile) and GEMM (5-300 rows); fp16 twice."""
+    case = random_case(*shape, act_order, "cuda", seed=shape[0] + shape[1])
+    for rows in (1, 2, 4, 5, 8, 16, 40, 64, 300):
         check_int4_linear(case, rows, torch.bfloat16, bias=rows == 5, seed=rows)
     check_int4_linear(case, 3, torch.float16, bias=False, seed=0)
     check_int4_linear(case, 100, torch.float16, bias=True, seed=1)
