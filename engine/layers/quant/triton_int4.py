@@ -6,7 +6,8 @@
   per program column. Each program owns BLOCK_N output rows, walks K GROUPS 128-channel groups at a time (loading
   the next tile before using the current one, so two are in flight) and keeps [BLOCK_N, GROUPS, 16] float32 partial
   sums (one per packed word), so no reduction sits in the loop; the group scale multiplies a word's sum once.
-  The tile is autotuned on CUDA per (N, K) at the first call (the CUDA graph warm-up runs it outside any capture).
+  The tile is autotuned on CUDA per (N, K) and row count (1, 2, 4) at the first call (the CUDA graph warm-up runs
+  it outside any capture).
 - larger M (prefill chunks, batched decode): `_int4_gemm_kernel`, a tiled GEMM that dequantizes each [16 words,
   BLOCK_N] weight tile to the activation dtype, nibble by nibble, and feeds it to `tl.dot` with the 16 activation
   columns that nibble holds (the layout puts nibble t of a group's 16 words on channels t*16 .. t*16+15).
@@ -116,10 +117,14 @@ def _bench_briefly(fn, quantiles):
     return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
-_int4_gemv_tuned = triton.autotune(
-    GEMV_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _prune_gemv_configs},
-    do_bench=_bench_briefly,
-)(_int4_gemv_kernel)  # fmt: skip
+# NOTE: one autotuner per row count (1, 2, 4): a batch-1 step's best tile need not be a 4-row step's.
+_GEMV_TUNED = {
+    rows: triton.autotune(
+        GEMV_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _prune_gemv_configs},
+        do_bench=_bench_briefly,
+    )(_int4_gemv_kernel)
+    for rows in (1, 2, 4)
+}  # fmt: skip
 
 
 @triton.jit
@@ -198,7 +203,8 @@ def int4_linear(
         if gemv_config is None and x.device.type != "cuda":
             gemv_config = UNTUNED_GEMV_CONFIG
         if gemv_config is None:
-            _int4_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)](*tensors, n, k, *strides, **flags)
+            tuned = _GEMV_TUNED[triton.next_power_of_2(m)]
+            tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)](*tensors, n, k, *strides, **flags)
         else:
             gemv_grid = (triton.cdiv(n, gemv_config["BLOCK_N"]), m)
             _int4_gemv_kernel[gemv_grid](*tensors, n, k, *strides, **flags, **gemv_config)
