@@ -14,6 +14,8 @@ from bench.gpu_profile import profile_decode
 from bench.limits import decode_bytes_per_step, measure_limits, prefill_flops
 from bench.offline import run_workload, warm_up
 from bench.workloads import make_workload
+from engine.config import QUANTIZATIONS
+from engine.layers.linear import Linear
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import SHAPE_PREFIX
@@ -27,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--model", default=None, help="model folder or alias (real weights)")
     model.add_argument("--model-shape", default=None, help="random bf16 weights of a named shape, e.g. qwen3-8b")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                   help="weight quantization (engine's field); with --model-shape, gptq/awq quantize the random "
+                        "weights in memory into that checkpoint layout and load them as a checkpoint")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
     p.add_argument("--input-len", type=int, default=None, help="idle: the context of every request (default 512)")
     p.add_argument("--output-len", type=int, default=None)
@@ -44,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     kwargs: dict[str, Any] = {
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enforce_eager": args.enforce_eager,
@@ -67,10 +73,14 @@ def limit_ratios(engine: LLMEngine, args: argparse.Namespace, summary: dict[str,
     if args.workload == "w1":
         kv_per_token = engine.runner.block_nbytes // engine.info.block_size
         context = (args.input_len or 128) + (args.output_len or 512) // 2
-        floor_ms = decode_bytes_per_step(model, kv_per_token, context) / (limits.copy_bandwidth_gb_s * 1e9) * 1e3
-        out |= {"decode_floor_ms": floor_ms, "tpot_over_floor": summary["tpot_ms_p50"] / floor_ms}
+        step_bytes = decode_bytes_per_step(model, kv_per_token, context)
+        floor_ms = step_bytes / (limits.copy_bandwidth_gb_s * 1e9) * 1e3
+        out |= {"decode_bytes_per_step": step_bytes, "decode_floor_ms": floor_ms,
+                "tpot_over_floor": summary["tpot_ms_p50"] / floor_ms}  # fmt: skip
     if args.workload == "w2":
-        params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
+        # NOTE: counted from the layers' shapes, not their parameters: packed int4 weights hold 8 per element.
+        params = sum(m.in_features * m.out_features for n, m in model.named_modules()
+                     if isinstance(m, Linear) and n != "lm_head")  # fmt: skip
         flops = prefill_flops(params, arch.num_layers, arch.num_heads, arch.head_dim, args.input_len or 2048)
         out |= {"prefill_tflops": flops / (summary["ttft_ms_p50"] / 1e3) / 1e12}
         out["prefill_mfu"] = out["prefill_tflops"] / limits.matmul_tflops
@@ -83,6 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": engine.info.device,
         "dtype": engine.info.dtype,
         "model": engine.info.model_id,
+        "quantization": args.quantization,
         "async_scheduling": engine.async_scheduling,
         "cuda_graphs": engine.runner.cuda_graphs is not None,
     }

@@ -16,6 +16,10 @@ from torch import nn
 class LinearMethod(ABC):
     """How a `Linear` stores and runs its weight."""
 
+    input_params: tuple[str, ...] = ()
+    """Parameters indexed by input channel, not output row: every shard of a `StackedLinear` loads the whole of
+    each (the shards must agree), e.g. an act-order input permutation."""
+
     def create_weights(self, layer: Linear) -> None:
         """Register the parameters a checkpoint loads into; default: a float `weight` [out, in] in the default dtype,
         initialized as nn.Linear does (random-weight models run on it)."""

@@ -93,15 +93,18 @@ def _stacked_target(model: LlamaForCausalLM, name: str) -> tuple[str, slice] | N
         return None
     for child_name, child in parent.named_children():
         if isinstance(child, StackedLinear) and shard_name in child.shard_names:
-            return f"{module_path}.{child_name}.{attr}", child.shard_rows(shard_name)
+            rows = slice(None) if attr in child.method.input_params else child.shard_rows(shard_name)
+            return f"{module_path}.{child_name}.{attr}", rows
     return None
 
 
 @torch.no_grad()
-def load_weights(model: LlamaForCausalLM, tensors: NamedTensors, source: Path) -> None:
-    """Copy every checkpoint tensor into its parameter (or its rows of a stacked one); all must be covered."""
+def load_weights(model: LlamaForCausalLM, tensors: NamedTensors, source: Path, require_all: bool = True) -> None:
+    """Copy every checkpoint tensor into its parameter (or its rows of a stacked one); all must be covered unless
+    not `require_all`. A parameter indexed by input channel that several shards load must get equal tensors."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    targets: set[str] = set()
     for name, tensor in tensors:
         # NOTE: a tied lm_head is the embedding parameter itself; some checkpoints store it anyway.
         tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
@@ -113,10 +116,13 @@ def load_weights(model: LlamaForCausalLM, tensors: NamedTensors, source: Path) -
             target, rows = stacked
         if target is None:
             raise KeyError(f"{source.name}: unexpected weight {name!r} for {model.config.architecture}")
+        if rows == slice(None) and target in targets and not torch.equal(params[target], tensor.to(params[target])):
+            raise ValueError(f"{source.name}: {name} differs from what another shard of {target} loaded")
         params[target][rows].copy_(tensor)
         loaded.add(name)
+        targets.add(target)
     missing = set(hf_names(model)) - loaded
-    if missing:
+    if missing and require_all:
         raise KeyError(f"checkpoint in {source} lacks weights: {sorted(missing)[:5]}")
 
 
@@ -127,12 +133,27 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
         for attr, param in module.named_parameters(recurse=False):
             if isinstance(module, StackedLinear):
                 parent = module_name.rsplit(".", 1)[0]
-                state |= {f"{parent}.{shard}.{attr}": rows for shard, rows in module.shards(param).items()}
+                whole = attr in module.method.input_params
+                shards = dict.fromkeys(module.shard_names, param) if whole else module.shards(param)
+                state |= {f"{parent}.{shard}.{attr}": rows for shard, rows in shards.items()}
             else:
                 state[f"{module_name}.{attr}" if module_name else attr] = param
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return state
+
+
+def projection_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, int]]:
+    """(out, in) of every decoder projection under its checkpoint prefix (a stacked layer's shards one by one)."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for name, module in model.model.named_modules(prefix="model"):
+        if isinstance(module, StackedLinear):
+            parent = name.rsplit(".", 1)[0]
+            sizes = zip(module.shard_names, module.shard_sizes, strict=True)
+            shapes |= {f"{parent}.{shard}": (n, module.in_features) for shard, n in sizes}
+        elif isinstance(module, Linear):
+            shapes[name] = (module.out_features, module.in_features)
+    return shapes
 
 
 def hf_names(model: LlamaForCausalLM) -> list[str]:
@@ -146,12 +167,15 @@ def load_model(
     """The model of `folder` as `model_config` asks: its checkpoint's weights (or random ones for
     load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint."""
     cfg = ArchConfig.from_folder(folder)
-    quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device)
     dummy = model_config.load_format == "dummy"
+    quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device, random_weights=dummy)
     if dummy:
         torch.manual_seed(model_config.seed)
     model = build_model(cfg, backend, dtype, device, quant)
-    if not dummy:
+    if dummy:
+        random_tensors = quant.random_checkpoint(projection_shapes(model), device)
+        load_weights(model, quant.translate(random_tensors), folder, require_all=False)
+    else:
         load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
     process_weights_after_loading(model)
     return model

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 GROUP_SIZE = 128
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,15 @@ def write_int4_checkpoint(float_folder: Path, out: Path, fmt: Int4Format, seed: 
     source = load_file(str(float_folder / "model.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
     expected: dict[str, torch.Tensor] = {}
+    # NOTE: projections of one input (q, k, v; gate, up) share one act-order, as GPTQ's (from that input's Hessian).
+    order_seeds: dict[str, int] = {}
     for name, tensor in source.items():
         prefix, _, attr = name.rpartition(".")
-        if attr == "weight" and prefix.rsplit(".", 1)[-1] in PROJECTIONS:
-            parts, expected[name] = quantize_projection(tensor, fmt, rng)
+        parent, _, projection = prefix.rpartition(".")
+        if attr == "weight" and projection in PROJECTIONS:
+            shared = f"{parent}.{SHARED_INPUT.get(projection, projection)}"
+            order_seed = order_seeds.setdefault(shared, int(rng.integers(2**32)))
+            parts, expected[name] = quantize_projection(tensor, fmt, np.random.default_rng(order_seed))
             tensors |= {f"{prefix}.{suffix}": value for suffix, value in parts.items()}
         else:
             tensors[name], expected[name] = tensor, tensor.float()

@@ -12,7 +12,7 @@ The embedding and `lm_head` always use the unquantized method: the model code na
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -33,3 +33,8 @@ class QuantMethod(ABC):
     def translate(self, tensors: NamedTensors) -> NamedTensors:
         """The checkpoint's (name, tensor) pairs as the model's parameters take them (default: as they are)."""
         return tensors
+
+    def random_checkpoint(self, shapes: Mapping[str, tuple[int, int]], device: torch.device) -> NamedTensors:
+        """Checkpoint tensors of random weights for the projections `shapes` names ((out, in) by prefix), for
+        load_format="dummy" (default: none; the model's own random initialization stands)."""
+        return iter(())

@@ -1,4 +1,4 @@
-"""GPTQ and AWQ int4 checkpoints (group size 128), dequantized at load to the model dtype.
+"""GPTQ and AWQ int4 checkpoints (group size 128): kept packed on CUDA, dequantized at load elsewhere.
 
 Layouts (int32 words, 8 nibbles each, low nibble first):
 - GPTQ: `qweight` [in/8, out] packs 8 input rows per word; `qzeros` [groups, out/8] packs 8 output columns;
@@ -8,7 +8,9 @@ Layouts (int32 words, 8 nibbles each, low nibble first):
 - AWQ (GEMM version): `qweight` [in, out/8] and `qzeros` [groups, out/8] pack 8 output columns per word in the
   interleaved order AWQ_PACK_ORDER (nibble k holds column 8c + AWQ_PACK_ORDER[k]); `scales` [groups, out];
   `w[o, i] = (q[i, o] - z[i // group_size, o]) * scales[i // group_size, o]`.
-The GPU path (a Triton dequantize-in-GEMM keeping int4 weights) is to come behind `linear_method`.
+`translate` reads both into their nibbles, zeros, scales and groups, then either dequantizes them (CPU: the model's
+float weight) or repacks them into the kernels' layout (engine.layers.quant.int4_layout: act-order folded into an
+input permutation), which `Int4LinearMethod` runs on the Triton kernels of engine.layers.quant.triton_int4.
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from typing import Any
 import torch
 
 from common.errors import InvalidArgumentError
-from engine.layers.linear import LinearMethod
+from engine.layers.linear import Linear, LinearMethod
+from engine.layers.quant import int4_random
 from engine.layers.quant.base import NamedTensors, QuantMethod
+from engine.layers.quant.int4_layout import GROUP_SIZE, PackedInt4, act_order_perm, pack_kernel_order
+from engine.layers.quant.int4_random import AWQ_PACK_ORDER
 
 SUPPORTED_BITS = (4,)
-SUPPORTED_GROUP_SIZES = (128,)
-AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+SUPPORTED_GROUP_SIZES = (GROUP_SIZE,)
 _AWQ_UNPACK_ORDER = torch.tensor([AWQ_PACK_ORDER.index(j) for j in range(8)])
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+PACKED_PARAMS = ("weight", "weight_scale", "weight_zero", "input_perm")
+"""The parameters of a packed int4 layer (int4_layout's weight, scale, zero, perm); input_perm is per input."""
 
 
 def unpack_int4(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -49,18 +55,54 @@ def _check(config: Mapping[str, Any], key: str, allowed: tuple[Any, ...], defaul
     return value
 
 
+class Int4LinearMethod(LinearMethod):
+    """Packed int4 weights (int4_layout) run by the Triton GEMV/GEMM kernels; act-order layers keep their
+    `input_perm`, the others drop it once loaded."""
+
+    input_params = ("input_perm",)
+
+    def __init__(self) -> None:
+        from engine.layers.quant.triton_int4 import int4_linear
+
+        self.kernel = int4_linear
+        self.packed: dict[Linear, PackedInt4] = {}
+
+    def create_weights(self, layer: Linear) -> None:
+        n, k = layer.out_features, layer.in_features
+        if k % GROUP_SIZE:
+            raise InvalidArgumentError("quantization", f"int4 layers need in_features % {GROUP_SIZE} == 0, got {k}")
+        groups = k // GROUP_SIZE
+        shapes = {"weight": ((n, k // 8), torch.int32), "weight_scale": ((n, groups), torch.float16),
+                  "weight_zero": ((n, groups), torch.uint8), "input_perm": ((k,), torch.int32)}  # fmt: skip
+        for name, (shape, dtype) in shapes.items():
+            layer.register_parameter(name, torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False))
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        perm = layer.get_parameter("input_perm")
+        identity = torch.equal(perm, torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device))
+        if identity:
+            layer.register_parameter("input_perm", None)
+        scale, zero = layer.get_parameter("weight_scale"), layer.get_parameter("weight_zero")
+        self.packed[layer] = PackedInt4(layer.weight, scale, zero, None if identity else perm)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x, self.packed[layer], layer.bias)
+
+
 class Int4Checkpoint(QuantMethod):
-    """What GPTQ and AWQ share: the tensors of one projection gathered by prefix, dequantized at the end."""
+    """What GPTQ and AWQ share: the tensors of one projection gathered by prefix, then dequantized (CPU) or
+    repacked for the int4 kernels (`packed`: CUDA, or a test under Triton's interpreter)."""
 
     parts: tuple[str, ...] = ("qweight", "qzeros", "scales")
     optional_parts: tuple[str, ...] = ()
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], packed: bool = False) -> None:
         _check(config, "bits", SUPPORTED_BITS)
         self.group_size: int = _check(config, "group_size", SUPPORTED_GROUP_SIZES)
+        self.packed = packed
 
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
-        return unquantized
+        return Int4LinearMethod() if self.packed else unquantized
 
     def translate(self, tensors: NamedTensors) -> NamedTensors:
         pending: dict[str, dict[str, torch.Tensor]] = {}
@@ -74,45 +116,65 @@ class Int4Checkpoint(QuantMethod):
             missing = [p for p in self.parts if p not in parts]
             if missing:
                 raise KeyError(f"{self.name} checkpoint: {prefix} lacks {', '.join(missing)}")
-            yield f"{prefix}.weight", self.dequantize(parts)
+            if self.packed:
+                packed = self.repack(parts)
+                identity = torch.arange(packed.weight.shape[1] * 8, dtype=torch.int32, device=packed.weight.device)
+                perm = identity if packed.perm is None else packed.perm
+                values = (packed.weight, packed.scale, packed.zero, perm)
+                yield from ((f"{prefix}.{param}", value) for param, value in zip(PACKED_PARAMS, values, strict=True))
+            else:
+                yield f"{prefix}.weight", self.dequantize(parts)
+
+    def random_checkpoint(self, shapes: Mapping[str, tuple[int, int]], device: torch.device) -> NamedTensors:
+        return int4_random.random_checkpoint(shapes, self.name, device)
 
     @abstractmethod
+    def nibbles(self, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One projection's tensors -> (q [in, out], zeros [groups, out], group of each input row [in]), int64."""
+
     def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """One projection's tensors -> its float32 weight [out, in]."""
+        q, zeros, groups = self.nibbles(parts)
+        return ((q - zeros[groups]).float() * parts["scales"].float()[groups]).T.contiguous()
+
+    def repack(self, parts: dict[str, torch.Tensor]) -> PackedInt4:
+        """One projection's tensors -> the int4 kernels' layout (int4_layout), the same integers and scales."""
+        q, zeros, groups = self.nibbles(parts)
+        perm = act_order_perm(groups)
+        q_kernel = (q if perm is None else q[perm.long()]).T
+        scale = parts["scales"].to(torch.float16).T.contiguous()
+        return PackedInt4(pack_kernel_order(q_kernel), scale, zeros.T.to(torch.uint8).contiguous(), perm)
 
 
 class Gptq(Int4Checkpoint):
     name = "gptq"
     optional_parts = ("g_idx",)
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
+    def __init__(self, config: Mapping[str, Any], packed: bool = False) -> None:
+        super().__init__(config, packed)
         checkpoint_format = _check(config, "checkpoint_format", ("gptq", "gptq_v2"), default="gptq")
         self.zero_offset = 1 if checkpoint_format == "gptq" else 0
 
-    def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-        q = unpack_int4(parts["qweight"], dim=0)
-        zeros = unpack_int4(parts["qzeros"], dim=1) + self.zero_offset
-        scales = parts["scales"].float()
-        in_features = q.shape[0]
+    def nibbles(self, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q = unpack_int4(parts["qweight"], dim=0).long()
+        zeros = unpack_int4(parts["qzeros"], dim=1).long() + self.zero_offset
         g_idx = parts.get("g_idx")
-        groups = torch.arange(in_features) // self.group_size if g_idx is None else g_idx.long()
-        return ((q - zeros[groups]).float() * scales[groups]).T.contiguous()
+        in_features = q.shape[0]
+        groups = torch.arange(in_features, device=q.device) // self.group_size if g_idx is None else g_idx.long()
+        return q, zeros, groups
 
 
 class Awq(Int4Checkpoint):
     name = "awq"
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
+    def __init__(self, config: Mapping[str, Any], packed: bool = False) -> None:
+        super().__init__(config, packed)
         _check(config, "version", ("gemm", "GEMM"), default="gemm")
         _check(config, "zero_point", (True,), default=True)
 
-    def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-        q, zeros = unpack_int4(parts["qweight"], dim=1), unpack_int4(parts["qzeros"], dim=1)
-        out_features = q.shape[1]
-        columns = torch.arange(out_features)
-        order = columns // 8 * 8 + _AWQ_UNPACK_ORDER[columns % 8]
-        q, zeros = q[:, order], zeros[:, order]
-        groups = torch.arange(q.shape[0]) // self.group_size
-        return ((q - zeros[groups]).float() * parts["scales"].float()[groups]).T.contiguous()
+    def nibbles(self, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, zeros = unpack_int4(parts["qweight"], dim=1).long(), unpack_int4(parts["qzeros"], dim=1).long()
+        columns = torch.arange(q.shape[1], device=q.device)
+        order = columns // 8 * 8 + _AWQ_UNPACK_ORDER.to(q.device)[columns % 8]
+        groups = torch.arange(q.shape[0], device=q.device) // self.group_size
+        return q[:, order], zeros[:, order], groups

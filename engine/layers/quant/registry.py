@@ -16,6 +16,7 @@ from common.errors import InvalidArgumentError
 from engine.config import KV_CACHE_DTYPES, QUANTIZATIONS
 from engine.layers.quant.base import QuantMethod
 from engine.layers.quant.int4 import Awq, Gptq
+from engine.layers.quant.int4_random import RANDOM_CHECKPOINT_CONFIGS
 from engine.layers.quant.int8 import Int8
 from engine.layers.quant.unquantized import Unquantized
 
@@ -24,9 +25,11 @@ _FP8_MIN_CAPABILITY = (8, 9)
 
 
 def resolve_quant_method(
-    requested: str, checkpoint_config: Mapping[str, Any] | None, device: torch.device
+    requested: str, checkpoint_config: Mapping[str, Any] | None, device: torch.device, random_weights: bool = False
 ) -> QuantMethod:
-    """The method of `requested` for a checkpoint whose config.json holds `checkpoint_config` (or none)."""
+    """The method of `requested` for a checkpoint whose config.json holds `checkpoint_config` (or none); random
+    weights (load_format="dummy") of an int4 method stand for a checkpoint of RANDOM_CHECKPOINT_CONFIGS. int4 weights
+    stay packed on CUDA (the int4 kernels) and are dequantized at load elsewhere."""
     stored = checkpoint_config.get("quant_method") if checkpoint_config else None
     if stored is not None and stored not in _CHECKPOINT_FORMATS:
         raise InvalidArgumentError(
@@ -37,9 +40,10 @@ def resolve_quant_method(
     if stored is not None and method != stored:
         raise InvalidArgumentError("quantization", f"{method!r} asked for, but the checkpoint is {stored}-quantized")
     if method in _CHECKPOINT_FORMATS:
-        if checkpoint_config is None or stored is None:
+        config = RANDOM_CHECKPOINT_CONFIGS[method] if random_weights and stored is None else checkpoint_config
+        if config is None or config.get("quant_method") is None:
             raise InvalidArgumentError("quantization", f"{method!r} needs a checkpoint with a quantization_config")
-        return _CHECKPOINT_FORMATS[method](checkpoint_config)
+        return _CHECKPOINT_FORMATS[method](config, packed=device.type == "cuda")
     if method == "fp8":
         _require_fp8_device("quantization", device)
         raise InvalidArgumentError("quantization", "'fp8' weights are not implemented yet (issue #14, GPU part)")
