@@ -1,0 +1,94 @@
+# mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
+"""The FP8 linear layer on CUDA: `y = x @ (w_fp8 * weight_scale)^T + bias`.
+
+- One row (batch-1 decode): a Triton GEMV modelled on `engine.layers.triton_gemv`. It streams the fp8 weight
+  (half the bytes of bf16) with the bf16/fp16 activation row kept as it is (no activation quantization: at one
+  row the multiply costs nothing and skipping it saves an error), sums in float32 and applies the per-channel scale
+  once per output. Each program owns BLOCK_N output rows and walks K in BLOCK_K columns.
+- More rows: x quantized per token (`quantize_fp8_rows`' rule, in torch) and `torch._scaled_mm` with rowwise
+  scales: a [M, K] row-major fp8, b = w^T [K, N] column-major (w [N, K] contiguous, transposed as a view),
+  scale_a [M, 1] and scale_b [1, N] float32, out bf16 (rowwise scaling takes no other output dtype), fast
+  accumulation (as FP8 inference kernels use: the products are summed in fp32 in chunks).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.layers.quant.fp8 import FP8_DTYPE, quantize_fp8_rows
+
+_BLOCK_KS = (1024, 512, 256, 128, 64)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
+    x_ptrs = x_ptr + cols
+    for _ in range(0, K, BLOCK_K):
+        acc += tl.load(w_ptrs).to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out = tl.sum(acc, axis=1) * tl.load(scale_ptr + rows)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + rows).to(tl.float32)
+    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
+
+
+def _block_n(n: int) -> int:
+    return 8 if n <= 8192 else 4
+
+
+def _block_k(k: int) -> int | None:
+    return next((b for b in _BLOCK_KS if k % b == 0), None)
+
+
+def fp8_gemv(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [1, K] (bf16/fp16/fp32) @ (weight fp8 [N, K] * weight_scale float32 [N])^T + bias -> [1, N] in x's dtype.
+    Needs K a multiple of 64 and N of the row tile (8, or 4 above N = 8192)."""
+    n, k = weight.shape
+    block_k, block_n = _block_k(k), _block_n(n)
+    if x.shape != (1, k) or weight.dtype != FP8_DTYPE or weight.stride(1) != 1 or block_k is None or n % block_n:
+        raise ValueError(f"x {x.dtype}{tuple(x.shape)} does not fit fp8 weight {weight.dtype}{tuple(weight.stride())}")
+    if weight_scale.shape != (n,) or weight_scale.dtype != torch.float32 or (bias is not None and bias.shape != (n,)):
+        raise ValueError(f"weight_scale {weight_scale.dtype}{tuple(weight_scale.shape)} or bias is not [{n}]")
+    x = x.contiguous()
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(n // block_n,)](
+        x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=4, num_stages=4,
+    )  # fmt: skip
+    return out
+
+
+def gemv_supported(weight: torch.Tensor) -> bool:
+    n, k = weight.shape
+    return weight.stride(1) == 1 and _block_k(k) is not None and n % _block_n(n) == 0
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [T, K] -> [T, N]: the GEMV at T = 1, `torch._scaled_mm` with per-token x scales otherwise."""
+    if x.shape[0] == 1 and gemv_supported(weight):
+        return fp8_gemv(x, weight, weight_scale, bias)
+    xq, x_scale = quantize_fp8_rows(x)
+    out = torch._scaled_mm(
+        xq,
+        weight.t(),
+        scale_a=x_scale[:, None],
+        scale_b=weight_scale[None, :],
+        out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )
+    out = out.to(x.dtype)
+    return out if bias is None else out + bias
