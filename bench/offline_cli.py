@@ -14,6 +14,7 @@ from bench.gpu_profile import profile_decode
 from bench.limits import decode_bytes_per_step, measure_limits, prefill_flops
 from bench.offline import run_workload, warm_up
 from bench.workloads import make_workload
+from engine.config import KV_CACHE_DTYPES, QUANTIZATIONS
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import SHAPE_PREFIX
@@ -27,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--model", default=None, help="model folder or alias (real weights)")
     model.add_argument("--model-shape", default=None, help="random bf16 weights of a named shape, e.g. qwen3-8b")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto", help="weights, as the engine's field")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV pool, as the engine's field")
     p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
     p.add_argument("--input-len", type=int, default=None, help="idle: the context of every request (default 512)")
     p.add_argument("--output-len", type=int, default=None)
@@ -44,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     kwargs: dict[str, Any] = {
         "dtype": args.dtype,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enforce_eager": args.enforce_eager,
@@ -82,6 +87,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "device": engine.info.device,
         "dtype": engine.info.dtype,
+        "quantization": args.quantization,
+        "kv_cache_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "model": engine.info.model_id,
         "async_scheduling": engine.async_scheduling,
         "cuda_graphs": engine.runner.cuda_graphs is not None,
