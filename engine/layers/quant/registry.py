@@ -54,10 +54,13 @@ def resolve_quant_method(
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV pool's dtype: the model's for `auto`, float8_e4m3fn for `fp8` (CUDA, capability >= 8.9, with the
-    Triton attention kernels); anything else is an InvalidArgumentError naming `kv_cache_dtype`."""
+    """The KV pool's dtype: the model's for `auto`, float8_e4m3fn for `fp8` (CUDA, capability >= 8.9, a bf16/fp16
+    model: the Triton attention kernels dequantize to the query's dtype); else an InvalidArgumentError naming
+    `kv_cache_dtype`."""
     if kv_cache_dtype == "fp8":
         _require_fp8_device("kv_cache_dtype", device)
+        if model_dtype == torch.float32:
+            raise InvalidArgumentError("kv_cache_dtype", "'fp8' needs a 16-bit model dtype (dtype is float32)")
         return torch.float8_e4m3fn
     if kv_cache_dtype != "auto":
         raise InvalidArgumentError("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
