@@ -20,7 +20,9 @@ from engine.layers.quant.int4 import Awq, Gptq
 from engine.layers.quant.int8 import Int8
 from engine.layers.quant.unquantized import Unquantized
 
-_CHECKPOINT_FORMATS = ("gptq", "awq", "compressed-tensors")
+_CHECKPOINT_FORMATS = {"gptq": Gptq, "awq": Awq}
+# NOTE: llm-compressor's format; only its FP8 scheme is read (engine.layers.quant.fp8).
+_COMPRESSED_TENSORS = "compressed-tensors"
 _FP8_MIN_CAPABILITY = (8, 9)
 
 
@@ -29,13 +31,14 @@ def resolve_quant_method(
 ) -> QuantMethod:
     """The method of `requested` for a checkpoint whose config.json holds `checkpoint_config` (or none)."""
     stored = checkpoint_config.get("quant_method") if checkpoint_config else None
-    if stored is not None and stored not in _CHECKPOINT_FORMATS:
+    supported = (*_CHECKPOINT_FORMATS, _COMPRESSED_TENSORS)
+    if stored is not None and stored not in supported:
         raise InvalidArgumentError(
             "quantization_config.quant_method",
-            f"checkpoint quantized with {stored!r}; supported: {', '.join(_CHECKPOINT_FORMATS)}",
+            f"checkpoint quantized with {stored!r}; supported: {', '.join(supported)}",
         )
     method = (stored or "none") if requested == "auto" else requested
-    if stored == "compressed-tensors" and method in ("fp8", stored):
+    if stored == _COMPRESSED_TENSORS and method in ("fp8", stored):
         assert checkpoint_config is not None
         return CompressedTensorsFp8(checkpoint_config, _fp8_gemm("quantization", device))
     if stored is not None and method != stored:
@@ -43,7 +46,7 @@ def resolve_quant_method(
     if method in _CHECKPOINT_FORMATS:
         if checkpoint_config is None or stored is None:
             raise InvalidArgumentError("quantization", f"{method!r} needs a checkpoint with a quantization_config")
-        return Gptq(checkpoint_config) if method == "gptq" else Awq(checkpoint_config)
+        return _CHECKPOINT_FORMATS[method](checkpoint_config)
     if method == "fp8":
         return Fp8(_fp8_gemm("quantization", device))
     if method == "int8":
