@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,11 +19,13 @@ import triton
 from bench.limits import measure_limits
 from engine.layers.triton_gemv import linear
 
+W = TypeVar("W")
+
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}  # fmt: skip
 
 
-def time_rotating_us(fn: Callable[[torch.Tensor], torch.Tensor], weights: list[torch.Tensor]) -> float:
+def time_rotating_us(fn: Callable[[W], object], weights: Sequence[W]) -> float:
     """Median us of fn(weight), cycling through `weights` so the L2 never holds the one being read."""
     position = [0]
 

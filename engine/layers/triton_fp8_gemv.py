@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,16 @@ import triton.language as tl
 from engine.layers.quant.fp8 import FP8_DTYPE, quantize_fp8_rows
 
 _BLOCK_KS = (1024, 512, 256, 128, 64)
+
+
+@dataclass(slots=True, frozen=True)
+class Fp8GemvTiles:
+    """Launch shape of the GEMV: BLOCK_N output rows per program, K walked BLOCK_K columns at a time."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
 
 
 @triton.jit
@@ -42,37 +54,43 @@ def _fp8_gemv_kernel(
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
 
 
-def _block_n(n: int) -> int:
-    return 8 if n <= 8192 else 4
-
-
-def _block_k(k: int) -> int | None:
-    return next((b for b in _BLOCK_KS if k % b == 0), None)
+def default_tiles(n: int, k: int) -> Fp8GemvTiles | None:
+    """The tiles for a weight [n, k] (None: no whole tiling): 8 rows (4 above n = 8192), the widest K step
+    dividing k. NOTE: chosen by analogy with the bf16 GEMV (the same bytes per tile at block_k 1024), not tuned on
+    fp8 yet: bench/kernel_fp8_gemv.py sweeps them."""
+    block_n = 8 if n <= 8192 else 4
+    block_k = next((b for b in _BLOCK_KS if k % b == 0), None)
+    return None if block_k is None or n % block_n else Fp8GemvTiles(block_n, block_k)
 
 
 def fp8_gemv(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    tiles: Fp8GemvTiles | None = None,
 ) -> torch.Tensor:
     """x [1, K] (bf16/fp16/fp32) @ (weight fp8 [N, K] * weight_scale float32 [N])^T + bias -> [1, N] in x's dtype.
-    Needs K a multiple of 64 and N of the row tile (8, or 4 above N = 8192)."""
+    `tiles` (default: `default_tiles`) must divide N and K."""
     n, k = weight.shape
-    block_k, block_n = _block_k(k), _block_n(n)
-    if x.shape != (1, k) or weight.dtype != FP8_DTYPE or weight.stride(1) != 1 or block_k is None or n % block_n:
+    tiles = tiles or default_tiles(n, k)
+    if tiles is None or n % tiles.block_n or k % tiles.block_k:
+        raise ValueError(f"fp8 weight {tuple(weight.shape)} is not a whole number of {tiles} tiles")
+    if x.shape != (1, k) or weight.dtype != FP8_DTYPE or weight.stride(1) != 1:
         raise ValueError(f"x {x.dtype}{tuple(x.shape)} does not fit fp8 weight {weight.dtype}{tuple(weight.stride())}")
     if weight_scale.shape != (n,) or weight_scale.dtype != torch.float32 or (bias is not None and bias.shape != (n,)):
         raise ValueError(f"weight_scale {weight_scale.dtype}{tuple(weight_scale.shape)} or bias is not [{n}]")
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _fp8_gemv_kernel[(n // block_n,)](
-        x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4, num_stages=4,
+    _fp8_gemv_kernel[(n // tiles.block_n,)](
+        x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out
 
 
 def gemv_supported(weight: torch.Tensor) -> bool:
-    n, k = weight.shape
-    return weight.stride(1) == 1 and _block_k(k) is not None and n % _block_n(n) == 0
+    return weight.stride(1) == 1 and default_tiles(*weight.shape) is not None
 
 
 def fp8_linear(

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # FP8 weights and FP8 KV cache on one GPU (H100/H200): the fp8 GPU tests, then bf16 and fp8 side by side in one
 # run: W1 batch-1 TPOT and W2 2048-token TTFT (Qwen3-8B shape, random weights), decode attention at batch 64 on an
-# fp8 KV pool, W6 4k-token cuda_ipc transfers of bf16 and fp8 KV, and a 1P+1D router spot check (SmolLM2, fp8
-# weights + fp8 KV over cuda_ipc, against a colocated fp8 engine and a bf16 cluster's kv_transfer_bytes).
+# fp8 KV pool (with tile and split sweeps), W6 4k-token cuda_ipc transfers of bf16 and fp8 KV, the FP8 GEMV per 8B
+# projection with a tile sweep, and, if time is left, a 1P+1D router spot check (SmolLM2, fp8 weights + fp8 KV over
+# cuda_ipc, against a colocated fp8 engine and a bf16 cluster's kv_transfer_bytes).
 #
 #   source scripts/device_env.sh && OUT=/some/folder bash scripts/gpu/fp8.sh     (repo root; at most ~6 minutes)
 #
 # Writes to $OUT: one log/JSON per step, commands.txt, and summary.txt (each step's exit code and time, then every
-# figure against its target). Steps share BUDGET_S seconds (default 340); a step never runs past what is left, so
+# figure against its target). Steps share BUDGET_S seconds (default 330); a step never runs past what is left, so
 # the script ends in time even if something hangs.
 set -u -o pipefail
 
 OUT=${OUT:?set OUT to the folder for the results}
-BUDGET_S=${BUDGET_S:-340}
+BUDGET_S=${BUDGET_S:-330}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -51,6 +52,7 @@ for dtype in bfloat16 float8_e4m3fn; do
     step "w6_$dtype" 30 sh -c "python3 -m bench --workload w6 --kv-transfer-backend cuda_ipc --tokens 4096 --iters 10 \
         --warmup 2 --dtype $dtype > $OUT/w6_$dtype.json"
 done
+step gemv_fp8 45 python3 bench/kernel_fp8_gemv.py --out "$OUT"
 
 spot() {  # spot NAME [VAR=VALUE...]: a 1P+1D cluster over cuda_ipc with those variables, one greedy request
     local name=$1 left=$((BUDGET_S - (SECONDS - START)))
@@ -97,6 +99,10 @@ for workload, key, target in (("w1", "tpot_ms_p50", 3.2), ("w2", "ttft_ms_p50", 
         extra = {k: round(v, 3) for k, v in limits.items() if k in ("decode_floor_ms", "tpot_over_floor", "prefill_mfu")}
         goal = f" (target <= {target}: {verdict(figure <= target)})" if q == "fp8" else " (baseline)"
         print(f"{workload} {q} {r.get('device_name', '')}: {key} {figure:.2f} ms {extra}{goal}")
+r = load("bench_fp8_gemv.json")
+for name, row in (r or {}).get("shapes", {}).items():
+    print(f"fp8 gemv {name} {row['n']}x{row['k']}: {row['fp8_us']:.1f} us = {row['fp8_pct_of_copy']:.0f}% of copy "
+          f"(bf16 GEMV {row['bf16_pct_of_copy']:.0f}%); best {row['best']} {row['best_us']:.1f} us")
 r = load("bench_triton_attention_fp8.json")
 for row in (r or {}).get("decode", []):
     if row["batch"] == 64:
