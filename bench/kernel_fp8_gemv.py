@@ -1,4 +1,4 @@
-"""Batch-1 FP8 GEMV (`engine.layers.triton_fp8_gemv`) per Qwen3-8B projection shape: the default tiles and a
+"""Batch-1 FP8 GEMV (`engine.layers.triton_fp8_linear`) per Qwen3-8B projection shape: the default tiles and a
 sweep of others, as weight bytes / time against the copy bandwidth, beside the bf16 Triton GEMV on the same shape.
 
 python3 bench/kernel_fp8_gemv.py --out $OUT     (writes bench_fp8_gemv.json; GPU only)
@@ -18,7 +18,7 @@ import torch
 from bench.kernel_gemv import time_rotating_us
 from bench.limits import measure_limits
 from engine.layers.quant.fp8 import quantize_fp8_rows
-from engine.layers.triton_fp8_gemv import Fp8GemvTiles, default_tiles, fp8_gemv
+from engine.layers.triton_fp8_linear import Fp8GemvTiles, default_tiles, fp8_gemv
 from engine.layers.triton_gemv import linear
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}

@@ -1,6 +1,7 @@
 """FP8 kernel checks, run on the GPU and (small cases) in Triton's interpreter.
 
-- the FP8 GEMV and `fp8_linear` against a float64 product of the dequantized weight;
+- the FP8 GEMV and `fp8_linear` against a float64 product of the dequantized weight, and the per-token activation
+  quantizer against `quantize_fp8_rows` (its fp8 values on GPU only, for the reason below);
 - the attention kernels on an fp8 pool (holding K / k_scale, V / v_scale) against the float64 torch reference on
   the same pool dequantized: the kernels' only extra error is then their own arithmetic, not the fp8 rounding;
 - the cache writer (GPU only: the interpreter's float32 -> fp8 conversion rounds wrongly where the value rounds up
@@ -16,7 +17,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8_rows
-from engine.layers.triton_fp8_gemv import fp8_gemv, fp8_linear
+from engine.layers.triton_fp8_linear import fp8_gemv, fp8_linear, quantize_rows
 from engine.layers.triton_rope import qk_norm_rope_store
 from tests.engine.test_triton_attention import BLOCK_SIZE, LAYER, assert_close_per_request, make_batch
 from tests.engine.triton_layer_checks import EPS, make_rope_case, rel_error
@@ -34,6 +35,22 @@ def check_fp8_gemv(n: int, k: int, dtype: torch.dtype, device: str, seed: int, b
     want = x.double() @ dequantize_fp8(weight, scale).double().T + (0 if b is None else b.double())
     assert got.shape == (1, n) and got.dtype == dtype and bool(torch.isfinite(got).all())
     assert rel_error(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def check_quantize_rows(m: int, k: int, dtype: torch.dtype, device: str, seed: int, check_values: bool) -> None:
+    """Rows of x (a strided view, sizes spanning 10^-3 to 10^3, one all zero) -> the scales of the torch rule, and
+    (check_values) its fp8 values but for at most 0.1% (division rounding at a boundary)."""
+    gen = torch.Generator(device).manual_seed(seed)
+    wide = torch.randn(m, k + 64, generator=gen, device=device) * torch.logspace(-3, 3, m, device=device)[:, None]
+    x = wide.to(dtype)[:, 32 : 32 + k]
+    x[m // 2] = 0.0
+    q, scale = quantize_rows(x)
+    want_q, want_scale = quantize_fp8_rows(x)
+    assert q.shape == (m, k) and q.is_contiguous() and scale.shape == (m,)
+    assert torch.allclose(scale, want_scale, rtol=1e-6, atol=0.0)
+    if check_values:
+        mismatch = (q.float() != want_q.float()).float().mean().item()
+        assert mismatch < 1e-3, f"{mismatch:.2%} of the fp8 values differ from torch's"
 
 
 def check_fp8_linear_batch(m: int, n: int, k: int, device: str, seed: int) -> None:
@@ -97,4 +114,5 @@ def run_interpreted_checks() -> None:
     """Small CPU cases for the Triton interpreter (the process must start with TRITON_INTERPRET=1)."""
     check_fp8_gemv(16, 1024, torch.float32, "cpu", seed=0, bias=True)
     check_fp8_gemv(8, 192, torch.float16, "cpu", seed=1, bias=False)
+    check_quantize_rows(5, 1500, torch.float16, "cpu", seed=3, check_values=False)
     check_fp8_kv_attention([(40, 1), (0, 1), (17, 5), (0, 20), (70, 1)], (4, 1, 16), torch.float16, "cpu", seed=2)

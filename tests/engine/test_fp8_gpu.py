@@ -24,6 +24,7 @@ from tests.engine.fp8_checks import (
     check_fp8_gemv,
     check_fp8_kv_attention,
     check_fp8_linear_batch,
+    check_quantize_rows,
 )
 from tests.engine.quant_support import greedy, prompt_logits
 
@@ -39,6 +40,12 @@ BOUNDS = {"fp8": (0.15, 1.0), "fp8+kv": (0.2, 1.0)}
 def test_fp8_gemv_at_the_8b_shapes(n: int, k: int) -> None:
     check_fp8_gemv(n, k, torch.bfloat16, "cuda", seed=n + k, bias=False)
     check_fp8_gemv(n, k, torch.float16, "cuda", seed=n - k, bias=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_activation_quantizer_matches_torch(dtype: torch.dtype) -> None:
+    check_quantize_rows(64, 12288, dtype, "cuda", seed=0, check_values=True)
+    check_quantize_rows(3, 4096, dtype, "cuda", seed=1, check_values=True)
 
 
 @pytest.mark.parametrize("m", [2, 7, 64, 2048])

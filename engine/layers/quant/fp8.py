@@ -6,7 +6,7 @@ Two ways in, one layer format (`weight` float8_e4m3fn [out, in] beside a float32
   `float-quantized`) loads as it is: `*.weight` in float8_e4m3fn and `*.weight_scale` per channel ([out, 1]) or per
   tensor (one value, spread over the rows here so that q/k/v stacked into one GEMM keep their own scales).
 A layer runs `y = (x_fp8 @ w_fp8^T) * x_scale[t] * weight_scale[o] + bias`, x quantized per token at run time
-(`engine.layers.triton_fp8_gemv` on CUDA: a one-row GEMV at batch 1, `torch._scaled_mm` above;
+(`engine.layers.triton_fp8_linear` on CUDA: a one-row GEMV at batch 1, `torch._scaled_mm` above;
 `fp8_linear_reference` is the same function in torch, the oracle of the tests).
 """
 

@@ -72,7 +72,7 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device
 
 def _fp8_gemm(field_name: str, device: torch.device) -> Fp8Gemm:
     _require_fp8_device(field_name, device)
-    from engine.layers.triton_fp8_gemv import fp8_linear
+    from engine.layers.triton_fp8_linear import fp8_linear
 
     return fp8_linear
 
