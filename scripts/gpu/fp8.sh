@@ -67,7 +67,9 @@ spot() {  # spot NAME [VAR=VALUE...]: a 1P+1D cluster over cuda_ipc with those v
     local deadline=$((SECONDS + left - 30))
     until grep -q "listening on" "$OUT/spot_${name}_up.log" || ((SECONDS > deadline)) || ! kill -0 $pid; do sleep 1; done
     step "spot_$name" 30 python3 -m cli.main generate --temperature 0 --max-tokens 24 "The capital of France is"
-    kill -INT $pid
+    kill -INT $pid  # the cluster drains and stops its processes; a hung stop is killed after 30 s
+    for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+    kill -KILL $pid 2>/dev/null
     wait $pid
 }
 spot fp8 PDSERVE_QUANTIZATION=fp8 PDSERVE_KV_CACHE_DTYPE=fp8
@@ -80,7 +82,7 @@ out = llm.generate(['The capital of France is'], SamplingParams(max_tokens=24, t
 print(repr(out.outputs[0].text))"
 
 python3 - "$OUT" >>"$SUMMARY" 2>&1 <<'EOF'
-import json, pathlib, re, sys
+import ast, json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
 def load(name):
     try:
@@ -128,11 +130,13 @@ def spot(name):
     found = re.search(r"kv_transfer_bytes=(\d+)", text)
     return text, int(found.group(1)) if found else None
 (fp8_text, fp8_bytes), (_, bf16_bytes) = spot("fp8"), spot("bf16")
-print(f"spot fp8 cluster: {fp8_text!r}")
+cluster = None if fp8_text is None else fp8_text.split("[finish_reason")[0].strip()
 try:
-    print(f"colocated fp8: {(out / 'colocated_fp8.log').read_text().strip().splitlines()[-1]}")
-except (OSError, IndexError):
-    print("colocated fp8: no result")
+    colocated = ast.literal_eval((out / "colocated_fp8.log").read_text().strip().splitlines()[-1]).strip()
+except (OSError, IndexError, ValueError, SyntaxError):
+    colocated = None
+print(f"spot fp8 1P+1D cluster: {cluster!r}")
+print(f"colocated fp8 engine:   {colocated!r} (same greedy text: {cluster is not None and cluster == colocated})")
 if fp8_bytes and bf16_bytes:
     print(f"kv_transfer_bytes fp8 {fp8_bytes} / bf16 {bf16_bytes} = {fp8_bytes / bf16_bytes:.3f} (target 0.5)")
 EOF
