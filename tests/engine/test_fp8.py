@@ -70,13 +70,16 @@ def test_fp8_linear_reference_quantizes_each_token_on_its_own() -> None:
     assert torch.equal(fp8_linear_reference(x[1:2], q, scale, None), out[1:2])
 
 
-def quantize_checkpoint(folder: Path, per_tensor: tuple[str, ...], config: dict[str, Any]) -> dict[str, Any]:
+def quantize_checkpoint(
+    folder: Path, per_tensor: tuple[str, ...], config: dict[str, Any], ignored: str = "-"
+) -> dict[str, Any]:
     """Rewrite a float checkpoint in the compressed-tensors FP8 layout: every decoder projection as an fp8
-    `weight` and a `weight_scale`, [out, 1] per channel, or one value for the projections named in `per_tensor`."""
+    `weight` and a `weight_scale`, [out, 1] per channel, or one value for the projections named in `per_tensor`;
+    the projection named `ignored` stays float."""
     tensors = load_file(str(folder / "model.safetensors"))
     written: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        if ".layers." not in name or not name.endswith("proj.weight"):
+        if ".layers." not in name or not name.endswith("proj.weight") or name.startswith(ignored):
             written[name] = tensor
             continue
         if any(f".{p}." in name for p in per_tensor):
@@ -112,7 +115,9 @@ def fp8_config(weights_strategy: str = "channel", inputs: dict[str, Any] | None 
 
 def test_compressed_tensors_checkpoint_loads_as_it_is(tmp_path: Path) -> None:
     folder = save_tiny_model("qwen3", tmp_path)
-    written = quantize_checkpoint(folder, per_tensor=("k_proj", "down_proj"), config=fp8_config())
+    ignored = "model.layers.0.self_attn.o_proj"
+    config = fp8_config() | {"ignore": ["lm_head", ignored]}
+    written = quantize_checkpoint(folder, per_tensor=("k_proj", "down_proj"), config=config, ignored=ignored)
     cfg = ArchConfig.from_folder(folder)
     quant = CompressedTensorsFp8(cfg.quantization_config or {}, fp8_linear_reference)
     model = build_model(cfg, TorchAttentionBackend(16, 0.1), torch.float32, CPU, quant)
@@ -132,6 +137,9 @@ def test_compressed_tensors_checkpoint_loads_as_it_is(tmp_path: Path) -> None:
     assert model.get_parameter("model.layers.0.mlp.down_proj.weight").dtype == FP8_DTYPE
     assert bool((down_scale == down_scale[0]).all())
     assert model.lm_head.weight.dtype == torch.float32 and model.model.embed_tokens.weight.dtype == torch.float32
+    want_q, want_scale = quantize_fp8_rows(written[f"{ignored}.weight"])
+    assert torch.equal(model.get_parameter(f"{ignored}.weight").view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(model.get_parameter(f"{ignored}.weight_scale"), want_scale)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Two ways in, one layer format (`weight` float8_e4m3fn [out, in] beside a float32
 - `Fp8`: a bf16/fp16 checkpoint quantized at load, `scale[o] = max_i |w[o, i]| / 448`, `w_fp8 = round(w / scale)`;
 - `CompressedTensorsFp8`: an llm-compressor checkpoint (`quant_method: compressed-tensors`, format
   `float-quantized`) loads as it is: `*.weight` in float8_e4m3fn and `*.weight_scale` per channel ([out, 1]) or per
-  tensor (one value, spread over the rows here so that q/k/v stacked into one GEMM keep their own scales).
+  tensor (one value, spread over the rows here so that q/k/v stacked into one GEMM keep their own scales); a
+  decoder projection it left in float (named in its `ignore` list) is quantized at load as `Fp8` does.
 A layer runs `y = (x_fp8 @ w_fp8^T) * x_scale[t] * weight_scale[o] + bias`, x quantized per token at run time
 (`engine.layers.triton_fp8_linear` on CUDA: a one-row GEMV at batch 1, `torch._scaled_mm` above;
 `fp8_linear_reference` is the same function in torch, the oracle of the tests).
@@ -108,6 +109,10 @@ class CompressedTensorsFp8(QuantMethod):
         for name, tensor in tensors:
             if name.endswith(".weight") and tensor.dtype == FP8_DTYPE:
                 weights[name.removesuffix(".weight")] = tensor
+            elif _is_float_projection(name, tensor):
+                q, scale = quantize_fp8_rows(tensor)
+                yield name, q
+                yield f"{name.removesuffix('weight')}weight_scale", scale
             elif name.endswith(".weight_scale"):
                 scales[name.removesuffix(".weight_scale")] = tensor
             else:
@@ -122,6 +127,11 @@ class CompressedTensorsFp8(QuantMethod):
             yield f"{prefix}.weight_scale", scale.expand(weight.shape[0])
         if scales:
             raise KeyError(f"compressed-tensors checkpoint: weight_scale without an fp8 weight: {sorted(scales)[:3]}")
+
+
+def _is_float_projection(name: str, tensor: torch.Tensor) -> bool:
+    """A decoder projection the checkpoint kept in float (its `ignore` list): quantized here as `Fp8` would."""
+    return ".layers." in name and name.endswith(".weight") and tensor.dim() == 2 and tensor.is_floating_point()
 
 
 def _check_compressed_tensors(config: Mapping[str, Any]) -> None:
