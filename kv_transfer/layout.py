@@ -77,8 +77,10 @@ class KVLayout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVLayout:
-        """Inverse of `to_dict`; unknown or missing keys are an InvalidArgumentError."""
+        """Inverse of `to_dict`; unknown or missing keys are an InvalidArgumentError, but for the scales, which a
+        peer from before fp8 KV does not send (they read as 1.0)."""
         names = {f.name for f in fields(cls)}
-        if set(data) != names:
+        required = names - {"k_scale", "v_scale"}
+        if not required <= set(data) <= names:
             raise InvalidArgumentError("layout", f"expected keys {sorted(names)}, got {sorted(data)}")
         return cls(**data)

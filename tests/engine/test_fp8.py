@@ -212,6 +212,8 @@ def test_kv_layouts_with_other_scales_are_refused_and_scales_travel() -> None:
         ours.check_compatible(theirs)
     assert caught.value.fields == ("k_scale",)
     assert KVLayout.from_dict(json.loads(json.dumps(theirs.to_dict()))) == theirs
+    before_fp8 = {k: v for k, v in ours.to_dict().items() if not k.endswith("_scale")}
+    assert KVLayout.from_dict(before_fp8) == ours
     assert KVLayout.from_pool(torch.zeros(2, 36, 2, 16, 8, 128, dtype=FP8_DTYPE), 16) == ours
     with pytest.raises(InvalidArgumentError) as bad:
         KVLayout("float8_e4m3fn", 16, 36, 8, 128, k_scale=0.0)
