@@ -48,6 +48,11 @@ PREFILL_TILE_SWEEP = [
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
 
 
+def kv_nbytes(pool: torch.Tensor, tokens: int) -> int:
+    """K+V bytes of `tokens` tokens of one layer in the pool's dtype."""
+    return tokens * 2 * HKV * D * pool.element_size()
+
+
 def make_step(pool: torch.Tensor, requests: list[tuple[int, int]], gen: torch.Generator) -> Step:
     """q/k/v and metadata of a step over random distinct pool blocks; requests are (cached context, query length)."""
     seq_lens = [c + q for c, q in requests]
@@ -101,7 +106,7 @@ def bench_decode(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     for batch in DECODE_BATCHES:
         for context in DECODE_CONTEXTS:
-            kv_bytes = batch * context * 2 * HKV * D * pool.element_size()
+            kv_bytes = kv_nbytes(pool, batch * context)
             variants = max(1, min(64, -(-L2_DEFEAT_BYTES // kv_bytes)))
             steps = [make_step(pool, [(context - 1, 1)] * batch, gen) for _ in range(variants)]
             ms = time_graph_ms([functools.partial(forward, backend, pool[:, 1], s) for s in steps])
@@ -146,15 +151,11 @@ def bench_decode_sweeps(pool: torch.Tensor, gen: torch.Generator) -> list[dict[s
     rows = []
     for tiles in DECODE_TILE_SWEEP:
         fn = functools.partial(decode_kernel_ms, pool, [(4095, 1)] * 64, 1, 1, tiles, gen)
-        rows.append(sweep_row(f"decode b=64 ctx=4096 {tiles}", fn, 64 * 4096 * 2 * HKV * D * pool.element_size()))
+        rows.append(sweep_row(f"decode b=64 ctx=4096 {tiles}", fn, kv_nbytes(pool, 64 * 4096)))
     for batch in (1, 8):
         for splits in (1, 4, 8, 16, 32):
             fn = functools.partial(decode_kernel_ms, pool, [(8191, 1)] * batch, 8 // batch, splits, DecodeTiles(), gen)
-            rows.append(
-                sweep_row(
-                    f"decode b={batch} ctx=8192 splits={splits}", fn, batch * 8192 * 2 * HKV * D * pool.element_size()
-                )
-            )
+            rows.append(sweep_row(f"decode b={batch} ctx=8192 splits={splits}", fn, kv_nbytes(pool, batch * 8192)))
     return rows
 
 
