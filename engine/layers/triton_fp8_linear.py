@@ -90,10 +90,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+# NOTE: the fastest tiles per weight [N, K] of the Qwen3-8B projections in bench/kernel_fp8_gemv.py's sweep (H100,
+# weights rotating past the L2); other shapes take `default_tiles`' rule.
+TUNED_TILES = {
+    (6144, 4096): Fp8GemvTiles(16, 512, num_warps=8),
+    (4096, 4096): Fp8GemvTiles(8, 1024, num_warps=8),
+    (24576, 4096): Fp8GemvTiles(16, 512, num_warps=8),
+    (4096, 12288): Fp8GemvTiles(8, 1024, num_warps=4),
+}
+
+
 def default_tiles(n: int, k: int) -> Fp8GemvTiles | None:
-    """The tiles for a weight [n, k] (None: no whole tiling): 8 rows (4 above n = 8192), the widest K step
-    dividing k. NOTE: chosen by analogy with the bf16 GEMV (the same bytes per tile at block_k 1024), not tuned on
-    fp8 yet: bench/kernel_fp8_gemv.py sweeps them."""
+    """The tiles for a weight [n, k] (None: no whole tiling): `TUNED_TILES`' entry, else 8 rows (4 above
+    n = 8192) and the widest K step dividing k (the bf16 GEMV's bytes per tile)."""
+    if (n, k) in TUNED_TILES:
+        return TUNED_TILES[(n, k)]
     block_n = 8 if n <= 8192 else 4
     block_k = next((b for b in _BLOCK_KS if k % b == 0), None)
     return None if block_k is None or n % block_n else Fp8GemvTiles(block_n, block_k)
