@@ -59,12 +59,13 @@ def _rope_q(row_ptr, cos, sin, weight_ptr, eps, q_out_ptr, stride_qh, NUM_HEADS:
 
 @triton.jit
 def _to_cache(x, scale, src_ptr, dst_ptr, KV_FP8: tl.constexpr):
-    # An fp8 cache holds (x rounded to the model dtype, src_ptr's) / scale, saturated to +-448, rounded to nearest
-    # even: the bf16 cache's value quantized, as torch does it (x's float32 rounded straight to fp8 differs on ~1.5%
-    # of the values: those where the model-dtype rounding lands on an fp8 tie). One return, for the compiler's typing.
+    # An fp8 cache holds (x rounded to the model dtype, src_ptr's) / scale (IEEE division, as torch's), saturated to
+    # +-448, rounded to nearest even: the bf16 cache's value quantized, as torch does it (x's float32 rounded straight
+    # to fp8 differs on ~1.5% of the values: where the model-dtype rounding lands on an fp8 tie). One return, for the
+    # compiler's typing.
     if KV_FP8:
         model_x = x.to(src_ptr.dtype.element_ty).to(tl.float32)
-        y = tl.clamp(model_x / scale, -448.0, 448.0).to(dst_ptr.dtype.element_ty)
+        y = tl.clamp(tl.div_rn(model_x, scale), -448.0, 448.0).to(dst_ptr.dtype.element_ty)
     else:
         y = x.to(dst_ptr.dtype.element_ty)
     return y
