@@ -101,13 +101,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     limits = measure_limits(torch.bfloat16)
-    rows = {}
+    rows: dict[str, Any] = {}
+    result = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "shapes": rows}
     for name, (n, k) in SHAPES.items():
         rows[name] = bench_shape(n, k, limits.copy_bandwidth_gb_s)
         rows[name]["prefill"] = bench_prefill(n, k)
         print(name, json.dumps({key: v for key, v in rows[name].items() if not key.startswith("sweep")}), flush=True)
-    result = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "shapes": rows}
-    (args.out / "bench_fp8_gemv.json").write_text(json.dumps(result, indent=1))
+        # NOTE: rewritten after every shape, so a run cut short keeps the shapes it finished.
+        (args.out / "bench_fp8_gemv.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,20 +2,20 @@
 # FP8 weights and FP8 KV cache on one GPU (H100/H200): the fp8 GPU tests, then bf16 and fp8 side by side in one
 # run: W1 batch-1 TPOT and W2 2048-token TTFT (Qwen3-8B shape, random weights), the FP8 GEMV per 8B projection
 # with a tile sweep and the 2048-row prefill path per projection (CUDA-graph timed), decode attention at batch 64
-# on an fp8 KV pool, W6 4k-token cuda_ipc transfers of bf16 and fp8 KV, and a 1P+1D router spot check on random
-# weights (qwen3-0.6b shape, load format dummy; fp8 weights + fp8 KV over cuda_ipc, its greedy token ids against
-# a colocated fp8 engine's, its kv_transfer_bytes against a bf16 cluster's).
+# on an fp8 KV pool, W6 4k-token cuda_ipc transfers of bf16 and fp8 KV (only with W6=1), and a 1P+1D router spot
+# check on random weights (qwen3-0.6b shape, load format dummy; fp8 weights + fp8 KV over cuda_ipc, its greedy
+# token ids against a colocated fp8 engine's, its kv_transfer_bytes against a bf16 cluster's).
 #
-#   source scripts/device_env.sh && OUT=$OUT/fp8 bash scripts/gpu/fp8.sh     (repo root; ~5 minutes, at most ~5.5)
+#   source scripts/device_env.sh && OUT=$OUT/fp8 bash scripts/gpu/fp8.sh     (repo root; at most ~5.5 minutes)
 #
 # Writes exactly two files to $OUT: summary.txt (each step's exit code and time, the GPU tests' verdicts and
 # printed figures, then every figure against its target) and logs.tar.gz (every step's log and JSON, the
-# commands). Steps share BUDGET_S seconds (default 300); a step never runs past what is left, so the script ends
+# commands). Steps share BUDGET_S seconds (default 320); a step never runs past what is left, so the script ends
 # in time even if something hangs.
 set -u -o pipefail
 
 OUT=${OUT:?set OUT to the folder for the results}
-BUDGET_S=${BUDGET_S:-300}
+BUDGET_S=${BUDGET_S:-320}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 cd "$(dirname "$0")/../.."
@@ -49,12 +49,16 @@ for q in none fp8; do
     step "w2_$q" 40 python3 -m bench --workload w2 "${W8B[@]}" --quantization "$q" --num-prompts 3 --input-len 2048 \
         --json "$LOGS/w2_$q.json"
 done
-step gemv_fp8 60 python3 bench/kernel_fp8_gemv.py --out "$LOGS"
+step gemv_fp8 90 python3 bench/kernel_fp8_gemv.py --out "$LOGS"
 step attention_fp8 45 python3 bench/kernel_attention.py --out "$LOGS" --kv-cache-dtype fp8 --sections decode
-for dtype in bfloat16 float8_e4m3fn; do
-    step "w6_$dtype" 25 sh -c "python3 -m bench --workload w6 --kv-transfer-backend cuda_ipc --tokens 4096 --iters 10 \
-        --warmup 2 --dtype $dtype > $LOGS/w6_$dtype.json"
-done
+# NOTE: W6 (4k-token cuda_ipc transfers) is not rerun: run 1 measured fp8/bf16 bytes 0.500, both bit-exact, and
+# nothing on the transfer path changed since. `W6=1` runs it again.
+if [[ ${W6:-0} == 1 ]]; then
+    for dtype in bfloat16 float8_e4m3fn; do
+        step "w6_$dtype" 25 sh -c "python3 -m bench --workload w6 --kv-transfer-backend cuda_ipc --tokens 4096 \
+            --iters 10 --warmup 2 --dtype $dtype > $LOGS/w6_$dtype.json"
+    done
+fi
 
 # The spot check: random weights of the qwen3-0.6b shape (no checkpoint travels to the device), the same seed in
 # every process; the router gets a word-level tokenizer whose token i is the word t<i>, so the prompt below is
@@ -149,7 +153,7 @@ for dtype in ("bfloat16", "float8_e4m3fn"):
     r = load(f"w6_{dtype}.json")
     size = next((s for s in (r or {}).get("sizes", []) if s["tokens"] == 4096), None)
     if size is None:
-        print(f"w6 {dtype}: no result")
+        print(f"w6 {dtype}: no result (not run without W6=1; run 1: fp8/bf16 bytes 0.500, bit-exact)")
         continue
     sizes[dtype] = size["bytes"]
     print(f"w6 cuda_ipc {dtype} 4096 tokens: {size['bytes'] / 1e6:.0f} MB, {size['gb_per_s']:.1f} GB/s, "
