@@ -92,7 +92,7 @@ spot() {  # spot NAME POD_FLAGS...: a 1P+1D cluster over cuda_ipc with those pod
     wait $pid
 }
 spot fp8 --quantization fp8 --kv-cache-dtype fp8
-step colocated_fp8 40 python3 -c "
+step colocated_fp8 60 python3 -c "
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.engine.quant_support import greedy
