@@ -1,9 +1,10 @@
 """Micro-benchmark of the Triton attention kernels on the Qwen3-8B attention shape (one layer), against torch SDPA.
 
-Decode: batch 1/64/256 at contexts 1k/4k/8k, as KV-read bandwidth vs the copy bandwidth measured in the same run.
+Decode: batch 1/64/256 at contexts 1k/4k/8k, as KV-read bandwidth vs the copy bandwidth measured in the same run
+(`--kv-cache-dtype fp8`: the pool in float8_e4m3fn, read at 1 byte per element; SDPA still reads bf16).
 Prefill: 2048-token prompts and a chunk over a cached prefix, as TFLOP/s vs the measured bf16 matmul.
 All timings are CUDA-graph replays (median over events), over enough distinct inputs to defeat the L2.
-Usage: python bench/kernel_attention.py [--out DIR]
+Usage: python bench/kernel_attention.py [--out DIR] [--kv-cache-dtype auto|fp8] [--sections decode,prefill,...]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DECODE_BATCHES = (1, 64, 256)
 DECODE_CONTEXTS = (1024, 4096, 8192)
 DTYPE = torch.bfloat16
 SCALE = D**-0.5
-KV_BYTES_PER_TOKEN = 2 * HKV * D * DTYPE.itemsize
+KV_DTYPES = {"auto": DTYPE, "fp8": torch.float8_e4m3fn}
 L2_DEFEAT_BYTES = 256 << 20
 FAST_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 DECODE_TILE_SWEEP = [DecodeTiles(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
@@ -45,6 +46,11 @@ PREFILL_TILE_SWEEP = [
     for shape in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
 ]
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
+
+
+def kv_nbytes(pool: torch.Tensor, tokens: int) -> int:
+    """K+V bytes of `tokens` tokens of one layer in the pool's dtype."""
+    return tokens * 2 * HKV * D * pool.element_size()
 
 
 def make_step(pool: torch.Tensor, requests: list[tuple[int, int]], gen: torch.Generator) -> Step:
@@ -100,7 +106,7 @@ def bench_decode(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     for batch in DECODE_BATCHES:
         for context in DECODE_CONTEXTS:
-            kv_bytes = batch * context * KV_BYTES_PER_TOKEN
+            kv_bytes = kv_nbytes(pool, batch * context)
             variants = max(1, min(64, -(-L2_DEFEAT_BYTES // kv_bytes)))
             steps = [make_step(pool, [(context - 1, 1)] * batch, gen) for _ in range(variants)]
             ms = time_graph_ms([functools.partial(forward, backend, pool[:, 1], s) for s in steps])
@@ -145,11 +151,11 @@ def bench_decode_sweeps(pool: torch.Tensor, gen: torch.Generator) -> list[dict[s
     rows = []
     for tiles in DECODE_TILE_SWEEP:
         fn = functools.partial(decode_kernel_ms, pool, [(4095, 1)] * 64, 1, 1, tiles, gen)
-        rows.append(sweep_row(f"decode b=64 ctx=4096 {tiles}", fn, 64 * 4096 * KV_BYTES_PER_TOKEN))
+        rows.append(sweep_row(f"decode b=64 ctx=4096 {tiles}", fn, kv_nbytes(pool, 64 * 4096)))
     for batch in (1, 8):
         for splits in (1, 4, 8, 16, 32):
             fn = functools.partial(decode_kernel_ms, pool, [(8191, 1)] * batch, 8 // batch, splits, DecodeTiles(), gen)
-            rows.append(sweep_row(f"decode b={batch} ctx=8192 splits={splits}", fn, batch * 8192 * KV_BYTES_PER_TOKEN))
+            rows.append(sweep_row(f"decode b={batch} ctx=8192 splits={splits}", fn, kv_nbytes(pool, batch * 8192)))
     return rows
 
 
@@ -186,10 +192,15 @@ def bench_prefill(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator
 def main() -> None:
     parser = argparse.ArgumentParser(description="Triton attention kernels vs torch SDPA")
     parser.add_argument("--out", type=Path, default=Path("."))
-    out = parser.parse_args().out / "bench_triton_attention.json"
+    parser.add_argument("--kv-cache-dtype", choices=sorted(KV_DTYPES), default="auto", help="the pool's dtype")
+    parser.add_argument("--sections", default="decode,prefill,decode_sweeps", help="comma-separated, in order")
+    args = parser.parse_args()
+    suffix = "" if args.kv_cache_dtype == "auto" else f"_{args.kv_cache_dtype}"
+    out = args.out / f"bench_triton_attention{suffix}.json"
     gen = torch.Generator(DEVICE).manual_seed(0)
     limits = measure_limits(DTYPE)
     results: dict[str, Any] = {"limits": dataclasses.asdict(limits), "torch": torch.__version__}
+    results["kv_cache_dtype"] = args.kv_cache_dtype
     print(json.dumps(results))
     # NOTE: two layers, so the benchmarked layer is a strided view as in the engine's pool.
     pool = torch.randn(
@@ -202,13 +213,14 @@ def main() -> None:
         dtype=DTYPE,
         device=DEVICE,
         generator=gen,
-    )
-    for section, bench in [
-        ("decode", functools.partial(bench_decode, pool, limits, gen)),
-        ("prefill", functools.partial(bench_prefill, pool, limits, gen)),
-        ("decode_sweeps", functools.partial(bench_decode_sweeps, pool, gen)),
-    ]:
-        results[section] = bench()
+    ).to(KV_DTYPES[args.kv_cache_dtype])
+    benches = {
+        "decode": functools.partial(bench_decode, pool, limits, gen),
+        "prefill": functools.partial(bench_prefill, pool, limits, gen),
+        "decode_sweeps": functools.partial(bench_decode_sweeps, pool, gen),
+    }
+    for section in args.sections.split(","):
+        results[section] = benches[section]()
         out.write_text(json.dumps(results, indent=1))
 
 

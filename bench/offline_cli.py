@@ -14,7 +14,7 @@ from bench.gpu_profile import profile_decode
 from bench.limits import decode_bytes_per_step, measure_limits, prefill_flops
 from bench.offline import run_workload, warm_up
 from bench.workloads import make_workload
-from engine.config import QUANTIZATIONS
+from engine.config import KV_CACHE_DTYPES, QUANTIZATIONS
 from engine.layers.linear import Linear
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="weight quantization (engine's field); with --model-shape, gptq/awq quantize the random "
                         "weights in memory into that checkpoint layout and load them as a checkpoint")  # fmt: skip
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV pool, as the engine's field")
     p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
     p.add_argument("--input-len", type=int, default=None, help="idle: the context of every request (default 512)")
     p.add_argument("--output-len", type=int, default=None)
@@ -50,6 +51,7 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     kwargs: dict[str, Any] = {
         "dtype": args.dtype,
         "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enforce_eager": args.enforce_eager,
@@ -92,8 +94,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "device": engine.info.device,
         "dtype": engine.info.dtype,
-        "model": engine.info.model_id,
         "quantization": args.quantization,
+        "kv_cache_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
+        "model": engine.info.model_id,
         "async_scheduling": engine.async_scheduling,
         "cuda_graphs": engine.runner.cuda_graphs is not None,
     }

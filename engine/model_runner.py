@@ -18,7 +18,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
 from engine.cuda_graph import CudaGraphRunner
 from engine.input_batch import InputBatch, ModelInput, PreviousSample
-from engine.layers.quant.registry import check_kv_cache_dtype
+from engine.layers.quant.registry import resolve_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
 from engine.pending_output import NO_OUTPUT, PendingOutput
@@ -61,12 +61,12 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
-        check_kv_cache_dtype(config.cache.kv_cache_dtype, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device)
         self.model = load_model(model_path, config.model, backend, self.dtype, self.device)
         self.num_blocks = self._num_kv_blocks(config.cache)
         self.kv_cache = torch.zeros(
             (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
         self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
@@ -97,12 +97,13 @@ class ModelRunner:
         self.seeds: dict[str, int] = {}
         self._seed_rng = random.Random(config.model.seed)
         logger.info(
-            "model %s on %s (%s), KV pool %d blocks x %d tokens",
+            "model %s on %s (%s), KV pool %d blocks x %d tokens of %s",
             model_path.name,
             self.device,
             self.dtype,
             self.num_blocks,
             self.block_size,
+            self.kv_dtype,
         )
 
     def _max_model_len(self, configured: int | None) -> int:
@@ -128,8 +129,7 @@ class ModelRunner:
             * self.block_size
             * self.arch.num_kv_heads
             * self.arch.head_dim
-            * torch.finfo(self.dtype).bits
-            // 8
+            * self.kv_dtype.itemsize
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

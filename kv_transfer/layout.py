@@ -21,13 +21,16 @@ DTYPE_NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """What one KV block holds. A pool is [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim],
-    so one block is `block_nbytes` contiguous bytes."""
+    so one block is `block_nbytes` contiguous bytes. An fp8 pool stores `K / k_scale` and `V / v_scale` (per-tensor
+    scales, 1.0 for a pool in the model dtype): two pools with other scales hold other numbers for the same bytes."""
 
     dtype: str
     block_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NBYTES:
@@ -36,6 +39,10 @@ class KVLayout:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(name, f"must be a positive int, got {value!r}")
+        for name in ("k_scale", "v_scale"):
+            value = getattr(self, name)
+            if not isinstance(value, float) or not value > 0:
+                raise InvalidArgumentError(name, f"must be a positive float, got {value!r}")
 
     @property
     def block_nbytes(self) -> int:
@@ -43,8 +50,8 @@ class KVLayout:
         return elements * DTYPE_NBYTES[self.dtype]
 
     @classmethod
-    def from_pool(cls, pool: torch.Tensor, block_size: int) -> KVLayout:
-        """The layout of a contiguous pool tensor shaped like POOL_DIMS."""
+    def from_pool(cls, pool: torch.Tensor, block_size: int, k_scale: float = 1.0, v_scale: float = 1.0) -> KVLayout:
+        """The layout of a contiguous pool tensor shaped like POOL_DIMS (holding K / k_scale, V / v_scale)."""
         if pool.dim() != len(POOL_DIMS) or pool.shape[2] != 2:
             raise InvalidArgumentError("pool", f"must be shaped {list(POOL_DIMS)} (kv = 2), got {list(pool.shape)}")
         if pool.shape[3] != block_size:
@@ -52,7 +59,7 @@ class KVLayout:
         if not pool.is_contiguous():
             raise InvalidArgumentError("pool", "must be contiguous, so that each block is one run of bytes")
         dtype = str(pool.dtype).removeprefix("torch.")
-        return cls(dtype, block_size, pool.shape[1], pool.shape[4], pool.shape[5])
+        return cls(dtype, block_size, pool.shape[1], pool.shape[4], pool.shape[5], k_scale, v_scale)
 
     def check_compatible(self, other: KVLayout) -> None:
         """Raise LayoutMismatchError naming every field where `other` differs from this layout."""
@@ -70,8 +77,10 @@ class KVLayout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVLayout:
-        """Inverse of `to_dict`; unknown or missing keys are an InvalidArgumentError."""
+        """Inverse of `to_dict`; unknown or missing keys are an InvalidArgumentError, but for the scales, which a
+        peer from before fp8 KV does not send (they read as 1.0)."""
         names = {f.name for f in fields(cls)}
-        if set(data) != names:
+        required = names - {"k_scale", "v_scale"}
+        if not required <= set(data) <= names:
             raise InvalidArgumentError("layout", f"expected keys {sorted(names)}, got {sorted(data)}")
         return cls(**data)

@@ -29,13 +29,16 @@ def kv_layout_to_pb(layout: KVLayout) -> kv_transfer_pb2.KVLayout:
         num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim,
         block_nbytes=layout.block_nbytes,
+        k_scale=layout.k_scale,
+        v_scale=layout.v_scale,
     )
 
 
 def kv_layout_from_pb(pb: kv_transfer_pb2.KVLayout, field: str) -> KVLayout:
     """The layout a peer announced; InvalidArgumentError naming `field` if it is not a valid one."""
     try:
-        layout = KVLayout(pb.dtype, pb.block_size, pb.num_layers, pb.num_kv_heads, pb.head_dim)
+        scales = (pb.k_scale if pb.HasField("k_scale") else 1.0, pb.v_scale if pb.HasField("v_scale") else 1.0)
+        layout = KVLayout(pb.dtype, pb.block_size, pb.num_layers, pb.num_kv_heads, pb.head_dim, *scales)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{field}.{exc.field}", exc.description) from exc
     if pb.block_nbytes != layout.block_nbytes:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+KV_DTYPES = (torch.float8_e4m3fn,)
+"""KV cache dtypes other than the query's that the kernels read (dequantized in registers)."""
+
 
 def check_attention_args(
     query: torch.Tensor,
@@ -15,8 +18,9 @@ def check_attention_args(
 ) -> int:
     """Validates one attention launch and returns the GQA group size (query heads per KV head).
 
-    query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] with any strides but a unit one
-    on D; query_start_loc [num_reqs + 1]; seq_lens [num_reqs]; block_table [num_reqs, max_blocks].
+    query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] in the query's dtype (or fp8 under a
+    16-bit query) with any strides but a unit one on D; query_start_loc [num_reqs + 1]; seq_lens [num_reqs];
+    block_table [num_reqs, max_blocks].
     """
     if query.dim() != 3:
         raise ValueError(f"query {tuple(query.shape)} is not [T, Hq, D]")
@@ -25,7 +29,8 @@ def check_attention_args(
         raise ValueError(f"kv_cache {tuple(kv_cache.shape)} is not [num_blocks, 2, block_size, Hkv, {head_dim}]")
     if num_q_heads % kv_cache.shape[3]:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {kv_cache.shape[3]} KV heads")
-    if output.shape != query.shape or output.dtype != query.dtype or kv_cache.dtype != query.dtype:
+    kv_dtype_ok = kv_cache.dtype == query.dtype or (kv_cache.dtype in KV_DTYPES and query.dtype != torch.float32)
+    if output.shape != query.shape or output.dtype != query.dtype or not kv_dtype_ok:
         raise ValueError(
             f"query {query.dtype}{tuple(query.shape)}, output {output.dtype}{tuple(output.shape)}, "
             f"kv_cache {kv_cache.dtype}"

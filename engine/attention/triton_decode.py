@@ -27,13 +27,25 @@ class DecodeTiles:
     num_stages: int = 3
 
 
+@triton.jit
+def kv_to_query_dtype(x, scale, like, KV_FP8: tl.constexpr):
+    """K or V rows as loaded from the cache, in the query's dtype (`like`): an fp8 cache holds x / scale."""
+    # NOTE: one return: the compiler types every return statement, also one after a constexpr branch that returned.
+    if KV_FP8:  # noqa: SIM108 (a statement: the compiler then types the taken branch only)
+        y = (x.to(tl.float32) * scale).to(like.dtype)
+    else:
+        y = x
+    return y
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot, stride_oh, stride_bt,
+    qk_scale, k_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
+    stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,6 +73,7 @@ def _decode_kernel(
         block = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
         rows = cache_ptr + block * stride_cb + (n % PAGE) * stride_ct + kv_head * stride_ch
         k_t = tl.load(rows[None, :] + d[:, None], mask=n_mask[None, :], other=0.0)
+        k_t = kv_to_query_dtype(k_t, k_scale, q, KV_FP8)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -68,6 +81,7 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(rows[:, None] + stride_ckv + d[None, :], mask=n_mask[:, None], other=0.0)
+        v = kv_to_query_dtype(v, v_scale, q, KV_FP8)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -116,12 +130,14 @@ def decode_attention(
     scale: float,
     num_splits: int,
     tiles: DecodeTiles | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Attention of every request whose query length is 1 over its paged context, written into output.
 
     query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides, unit on D);
     query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table [num_reqs, max_blocks] (int32).
-    Correct for any num_splits >= 1, which only sets how finely each context is partitioned.
+    Correct for any num_splits >= 1, which only sets how finely each context is partitioned. A float8_e4m3fn
+    kv_cache holds K / kv_scales[0] and V / kv_scales[1] (read back in the query's dtype).
     """
     group = check_attention_args(query, kv_cache, output, query_start_loc, seq_lens, block_table)
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
@@ -145,6 +161,8 @@ def decode_attention(
         seq_lens,
         block_table,
         scale * 1.4426950408889634,
+        kv_scales[0],
+        kv_scales[1],
         query.stride(0),
         query.stride(1),
         kv_cache.stride(0),
@@ -163,6 +181,7 @@ def decode_attention(
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_checks import check_attention_args
+from engine.attention.triton_decode import kv_to_query_dtype
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,10 +50,10 @@ def _find_request(query_start_loc_ptr, program, num_reqs, BLOCK_Q: tl.constexpr)
 
 @triton.jit
 def _attend(
-    q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale,
+    q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
     stride_cb, stride_ckv, stride_ct, stride_ch,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """One online-softmax step of a [BLOCK_M, HEAD_DIM] query tile over K/V positions [start, start + BLOCK_N)."""
     n = start + tl.arange(0, BLOCK_N)
@@ -69,6 +70,8 @@ def _attend(
     else:
         k_t = tl.load(rows[None, :] + d[:, None])
         v = tl.load(rows[:, None] + stride_ckv + d[None, :])
+    k_t = kv_to_query_dtype(k_t, k_scale, q, KV_FP8)
+    v = kv_to_query_dtype(v, v_scale, q, KV_FP8)
     s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
     if CAUSAL:
         s = tl.where((n[None, :] <= pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -82,10 +85,12 @@ def _attend(
 
 @triton.jit(do_not_specialize=["num_reqs"])
 def _prefill_kernel(
-    q_ptr, cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr, qk_scale, num_reqs,
+    q_ptr, cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr, qk_scale, k_scale, v_scale,
+    num_reqs,
     stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):  # fmt: skip
     # NOTE: reversed program order starts the long causal tiles (late in their prompt) first.
     program = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -115,14 +120,14 @@ def _prefill_kernel(
     full_hi = (context_len + q0) // BLOCK_N * BLOCK_N
     for start in range(0, full_hi, BLOCK_N):
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale,
-            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, False, DOT_PRECISION,
+            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
+            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, False, DOT_PRECISION, KV_FP8,
         )  # fmt: skip
     causal_hi = tl.minimum(seq_len, context_len + q0 + BLOCK_Q)
     for start in range(full_hi, causal_hi, BLOCK_N):
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale,
-            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, True, DOT_PRECISION,
+            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
+            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, True, DOT_PRECISION, KV_FP8,
         )  # fmt: skip
     out = acc / l_i[:, None]
     dst = out_ptr + ((q_start + token) * stride_ot + heads * stride_oh)[:, None] + d[None, :]
@@ -138,11 +143,13 @@ def prefill_attention(
     output: torch.Tensor,
     scale: float,
     tiles: PrefillTiles | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Causal attention of every request whose query length is > 1 over its paged context, into output.
 
     query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides, unit on D) already
     holding this step's K/V; query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table [num_reqs, *].
+    A float8_e4m3fn kv_cache holds K / kv_scales[0] and V / kv_scales[1].
     """
     group = check_attention_args(query, kv_cache, output, query_start_loc, seq_lens, block_table)
     if tiles is None:
@@ -160,6 +167,8 @@ def prefill_attention(
         seq_lens,
         block_table,
         scale * 1.4426950408889634,
+        kv_scales[0],
+        kv_scales[1],
         num_reqs,
         query.stride(0),
         query.stride(1),
@@ -178,6 +187,7 @@ def prefill_attention(
         BLOCK_Q=block_q,
         BLOCK_N=tiles.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -58,26 +58,42 @@ def _rope_q(row_ptr, cos, sin, weight_ptr, eps, q_out_ptr, stride_qh, NUM_HEADS:
 
 
 @triton.jit
-def _rope_store_kv(k_row_ptr, cos, sin, weight_ptr, eps, dst_ptr, stride_ckv, stride_ch, NUM_KV_HEADS: tl.constexpr,
-                   BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):  # fmt: skip
+def _to_cache(x, scale, src_ptr, dst_ptr, KV_FP8: tl.constexpr):
+    # An fp8 cache holds (x rounded to the model dtype, src_ptr's) / scale (IEEE division, as torch's), saturated to
+    # +-448, rounded to nearest even: the bf16 cache's value quantized, as torch does it (x's float32 rounded straight
+    # to fp8 differs on ~1.5% of the values: where the model-dtype rounding lands on an fp8 tie). One return, for the
+    # compiler's typing.
+    if KV_FP8:
+        model_x = x.to(src_ptr.dtype.element_ty).to(tl.float32)
+        y = tl.clamp(tl.div_rn(model_x, scale), -448.0, 448.0).to(dst_ptr.dtype.element_ty)
+    else:
+        y = x.to(dst_ptr.dtype.element_ty)
+    return y
+
+
+@triton.jit
+def _rope_store_kv(k_row_ptr, cos, sin, weight_ptr, eps, dst_ptr, stride_ckv, stride_ch, k_scale, v_scale,
+                   NUM_KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+                   KV_FP8: tl.constexpr):  # fmt: skip
     k1, k2 = _norm_rope(k_row_ptr, cos, sin, weight_ptr, eps, NUM_KV_HEADS, BLOCK_H, HEAD_DIM, HAS_NORM)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, HEAD_DIM)[None, :]
     mask = h < NUM_KV_HEADS
     half = tl.arange(0, HEAD_DIM // 2)[None, :]
     dst = dst_ptr + h * stride_ch + half
-    tl.store(dst, k1.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HEAD_DIM // 2, k2.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, _to_cache(k1, k_scale, k_row_ptr, dst_ptr, KV_FP8), mask=mask)
+    tl.store(dst + HEAD_DIM // 2, _to_cache(k2, k_scale, k_row_ptr, dst_ptr, KV_FP8), mask=mask)
     value = tl.load(k_row_ptr + NUM_KV_HEADS * HEAD_DIM + h * HEAD_DIM + d, mask=mask)
-    tl.store(dst_ptr + stride_ckv + h * stride_ch + d, value, mask=mask)
+    v_dst = dst_ptr + stride_ckv + h * stride_ch + d
+    tl.store(v_dst, _to_cache(value, v_scale, k_row_ptr, dst_ptr, KV_FP8), mask=mask)
 
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
     qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, cache_ptr, slot_mapping_ptr, q_out_ptr, eps,
-    stride_qkv, stride_cos_sin, stride_cb, stride_ckv, stride_ct, stride_ch, stride_qt, stride_qh,
+    k_scale, v_scale, stride_qkv, stride_cos_sin, stride_cb, stride_ckv, stride_ct, stride_ch, stride_qt, stride_qh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     dtype = q_out_ptr.dtype.element_ty
@@ -94,8 +110,8 @@ def _qk_norm_rope_store_kernel(
         # NOTE: a negative slot marks a padding token (e.g. a CUDA-graph batch padded past its requests).
         if slot >= 0:
             dst = cache_ptr + (slot // PAGE) * stride_cb + (slot % PAGE) * stride_ct
-            _rope_store_kv(row + NUM_HEADS * HEAD_DIM, cos, sin, k_norm_ptr, eps, dst, stride_ckv, stride_ch,
-                           NUM_KV_HEADS, BLOCK_HKV, HEAD_DIM, HAS_NORM)  # fmt: skip
+            _rope_store_kv(row + NUM_HEADS * HEAD_DIM, cos, sin, k_norm_ptr, eps, dst, stride_ckv, stride_ch, k_scale,
+                           v_scale, NUM_KV_HEADS, BLOCK_HKV, HEAD_DIM, HAS_NORM, KV_FP8)  # fmt: skip
 
 
 def qk_norm_rope_store(
@@ -111,12 +127,14 @@ def qk_norm_rope_store(
     num_kv_heads: int,
     head_dim: int,
     out: torch.Tensor | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Normalizes (when both weights [D] are given) and rotates q and k of qkv [T, (Hq + 2 * Hkv) * D] by
     positions [T] (int64), stores k and v into kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides but a
     unit one on D, e.g. one layer of the pool) at slot_mapping [T] (int64, < 0 = skip) and returns q [T, Hq, D]
     (into out when given, else a new contiguous tensor). cos_sin_cache: see the module docstring; positions must
-    be rows of it (not checked, which would read the device).
+    be rows of it (not checked, which would read the device). A float8_e4m3fn kv_cache gets k / kv_scales[0] and
+    v / kv_scales[1], saturated; a cache in qkv's dtype gets k and v as they are (the scales are not read).
     """
     num_tokens = _check_args(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, kv_cache, slot_mapping,
                              num_heads, num_kv_heads, head_dim)  # fmt: skip
@@ -138,6 +156,8 @@ def qk_norm_rope_store(
         slot_mapping,
         out,
         eps,
+        kv_scales[0],
+        kv_scales[1],
         qkv.stride(0),
         cos_sin_cache.stride(0),
         kv_cache.stride(0),
@@ -153,6 +173,7 @@ def qk_norm_rope_store(
         HEAD_DIM=head_dim,
         PAGE=kv_cache.shape[2],
         HAS_NORM=q_norm_weight is not None,
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         num_warps=4 if block_hq * head_dim <= 2048 else 8,
         # NOTE: no FMA contraction, or `x1 * cos - x2 * sin` skips the product's rounding that torch does.
         enable_fp_fusion=False,
@@ -197,6 +218,8 @@ def _check_args(
         raise ValueError(
             f"kv_cache {tuple(kv_cache.shape)} is not [num_blocks, 2, block_size, {num_kv_heads}, {head_dim}]"
         )
-    if kv_cache.dtype != qkv.dtype or kv_cache.stride(4) != 1:
-        raise ValueError(f"kv_cache {kv_cache.dtype} needs qkv's dtype {qkv.dtype} and a unit stride on head_dim")
+    if kv_cache.dtype not in (qkv.dtype, torch.float8_e4m3fn) or kv_cache.stride(4) != 1:
+        raise ValueError(
+            f"kv_cache {kv_cache.dtype} needs qkv's dtype {qkv.dtype} (or float8_e4m3fn) and a unit stride on head_dim"
+        )
     return num_tokens

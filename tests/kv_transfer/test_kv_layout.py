@@ -48,7 +48,15 @@ def test_check_compatible_names_every_differing_field() -> None:
 
 def test_dict_round_trip_and_validation() -> None:
     layout = KVLayout("float16", 16, 2, 1, 8)
-    assert layout.to_dict() == {"dtype": "float16", "block_size": 16, "num_layers": 2, "num_kv_heads": 1, "head_dim": 8}
+    assert layout.to_dict() == {
+        "dtype": "float16",
+        "block_size": 16,
+        "num_layers": 2,
+        "num_kv_heads": 1,
+        "head_dim": 8,
+        "k_scale": 1.0,
+        "v_scale": 1.0,
+    }
     assert KVLayout.from_dict(layout.to_dict()) == layout
     with pytest.raises(InvalidArgumentError, match="layout"):
         KVLayout.from_dict({"dtype": "float16"})

@@ -88,6 +88,18 @@ def test_layout_round_trip_and_bad_layouts() -> None:
     assert error.value.field == "kv_target.layout.block_size"
 
 
+def test_fp8_layout_scales_travel_and_unset_ones_read_as_one() -> None:
+    fp8 = KVLayout("float8_e4m3fn", 16, 2, 2, 32, k_scale=0.1, v_scale=2.0)
+    assert kv_layout_from_pb(kv_layout_to_pb(fp8), "kv_target.layout") == fp8
+    pb = kv_layout_to_pb(fp8)
+    pb.ClearField("k_scale")
+    assert kv_layout_from_pb(pb, "kv_target.layout").k_scale == 1.0
+    pb.v_scale = 0.0
+    with pytest.raises(InvalidArgumentError) as error:
+        kv_layout_from_pb(pb, "kv_target.layout")
+    assert error.value.field == "kv_target.layout.v_scale"
+
+
 def test_backend_names() -> None:
     for name in BACKENDS:  # every backend a decode pod can announce maps to the wire and back
         assert backend_from_pb(backend_to_pb(name), "f") == name

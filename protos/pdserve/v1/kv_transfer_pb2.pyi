@@ -67,6 +67,8 @@ class KVLayout(_message.Message):
     NUM_KV_HEADS_FIELD_NUMBER: _builtins.int
     HEAD_DIM_FIELD_NUMBER: _builtins.int
     BLOCK_NBYTES_FIELD_NUMBER: _builtins.int
+    K_SCALE_FIELD_NUMBER: _builtins.int
+    V_SCALE_FIELD_NUMBER: _builtins.int
     dtype: _builtins.str
     """Element type, as torch names it without the "torch." prefix (e.g. "bfloat16")."""
     block_size: _builtins.int
@@ -79,6 +81,10 @@ class KVLayout(_message.Message):
     """Size of one attention head."""
     block_nbytes: _builtins.int
     """Bytes in one block: num_layers * 2 * block_size * num_kv_heads * head_dim * dtype size."""
+    k_scale: _builtins.float
+    """Per-tensor scale of K: an fp8 pool holds K / k_scale (1 for a pool in the model dtype). Unset reads as 1."""
+    v_scale: _builtins.float
+    """Per-tensor scale of V: an fp8 pool holds V / v_scale (1 for a pool in the model dtype). Unset reads as 1."""
     def __init__(
         self,
         *,
@@ -88,12 +94,21 @@ class KVLayout(_message.Message):
         num_kv_heads: _builtins.int = ...,
         head_dim: _builtins.int = ...,
         block_nbytes: _builtins.int = ...,
+        k_scale: _builtins.float | None = ...,
+        v_scale: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale", "_v_scale", b"_v_scale", "k_scale", b"k_scale", "v_scale", b"v_scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_nbytes", b"block_nbytes", "block_size", b"block_size", "dtype", b"dtype", "head_dim", b"head_dim", "num_kv_heads", b"num_kv_heads", "num_layers", b"num_layers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale", "_v_scale", b"_v_scale", "block_nbytes", b"block_nbytes", "block_size", b"block_size", "dtype", b"dtype", "head_dim", b"head_dim", "k_scale", b"k_scale", "num_kv_heads", b"num_kv_heads", "num_layers", b"num_layers", "v_scale", b"v_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__k_scale: _TypeAlias = _typing.Literal["k_scale"]  # noqa: Y015
+    _WhichOneofArgType__k_scale: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale"]  # noqa: Y015
+    _WhichOneofReturnType__v_scale: _TypeAlias = _typing.Literal["v_scale"]  # noqa: Y015
+    _WhichOneofArgType__v_scale: _TypeAlias = _typing.Literal["_v_scale", b"_v_scale"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__k_scale) -> _WhichOneofReturnType__k_scale | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__v_scale) -> _WhichOneofReturnType__v_scale | None: ...
 
 Global___KVLayout: _TypeAlias = KVLayout  # noqa: Y015
 
