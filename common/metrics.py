@@ -8,7 +8,8 @@ methods of the events it sees:
   observe_tokenizer_queue_time;
 - prefill: observe_first_token, observe_finished (queue and prefill time), set_engine_state,
   observe_kv_transfer / count_kv_transfer_failure, count_kv_lease_expiry;
-- decode: observe_output_tokens, observe_finished (decode time), set_engine_state, count_kv_lease_expiry.
+- decode: observe_output_tokens, observe_finished (decode time), set_engine_state, set_spec_totals,
+  count_kv_lease_expiry.
 Methods are thread-safe (e.g. set_engine_state from the engine's on_step hook).
 """
 
@@ -49,10 +50,11 @@ class ServiceMetrics:
         self.role = role
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
-        self._totals = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0}
+        self._totals = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0, "spec_draft": 0, "spec_accepted": 0}
         self._server: WSGIServer | None = None
         self._register_vllm_metrics()
         self._register_disaggregation_metrics()
+        self._register_spec_metrics()
 
     def _register_vllm_metrics(self) -> None:
         """vLLM's request latencies, engine state and token counts."""
@@ -102,6 +104,24 @@ class ServiceMetrics:
         self._tokenizer_queue_time = self._histogram(
             "tokenizer_pool_queue_time_seconds", "Wait for a tokenizer pool worker (s).", FAST_LOOKUP_BUCKETS
         )
+
+    def _register_spec_metrics(self) -> None:
+        """Speculative decoding on the decode pod (all zero with it off)."""
+        self._spec_draft = self._counter("spec_draft_tokens", "Proposed tokens verified by the target model.")
+        self._spec_accepted = self._counter("spec_accepted_tokens", "Proposed tokens accepted (kept as output).")
+        self._spec_acceptance = self._gauge("spec_acceptance_rate", "Accepted / proposed tokens so far (0 to 1).")
+        self._spec_accepted_length = self._gauge(
+            "spec_mean_accepted_length", "Tokens emitted per verify step so far (accepted proposals + 1)."
+        )
+
+    def set_spec_totals(self, *, draft_tokens: int, accepted_tokens: int, verify_steps: int) -> None:
+        """The engine's speculation running totals (LLMEngine.spec_stats): counters advance by the change, the two
+        derived figures are set from the totals."""
+        with self._lock:
+            self._spec_draft.inc(self._advance("spec_draft", draft_tokens))
+            self._spec_accepted.inc(self._advance("spec_accepted", accepted_tokens))
+        self._spec_acceptance.set(accepted_tokens / draft_tokens if draft_tokens else 0.0)
+        self._spec_accepted_length.set(1.0 + accepted_tokens / verify_steps if verify_steps else 0.0)
 
     def observe_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
         """The first token left (router: to the client; prefill: to the router): TTFT, the prompt, one token."""

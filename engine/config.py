@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from common.config import config_from_args, doc
 from common.errors import InvalidArgumentError
+from engine.spec.config import SpeculativeConfig, SpeculativeFlags
 
 DEFAULT_MODEL = "smollm2-135m"
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "gptq", "awq")
@@ -174,13 +175,16 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative_config: SpeculativeConfig | None = None
+    """Speculative decoding; None: off."""
 
 
 def engine_config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
-    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig and SchedulerConfig,
-    else of their `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
+    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig, SchedulerConfig and
+    SpeculativeFlags, else of their `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
     return EngineConfig(
         config_from_args(ModelConfig, args, environ=environ),
         config_from_args(CacheConfig, args, environ=environ),
         config_from_args(SchedulerConfig, args, environ=environ),
+        config_from_args(SpeculativeFlags, args, environ=environ).to_config(),
     )

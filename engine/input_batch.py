@@ -65,8 +65,9 @@ class StepBuffers:
         # keeps the fixed row stride that CUDA graphs are captured with, and lands the compact copy in `scratch`.
         self.block_table = make((max_num_reqs, max_blocks), torch.int32)
         self.scratch = make((max_num_reqs * max_blocks,), torch.int32)
-        # [logits indices | placeholder destinations in input_ids | their rows in the previous sample]
-        self.aux = make((3 * max_num_reqs,), torch.int64)
+        # [logits indices | placeholder destinations in input_ids | their rows in the previous sample]; a request
+        # verifying proposed tokens samples after each of its tokens, so there are at most max_num_tokens logits.
+        self.aux = make((max_num_tokens + 2 * max_num_reqs,), torch.int64)
 
 
 class InputBatch:
@@ -111,7 +112,9 @@ class InputBatch:
             row = self._rows[req_id] = self._free_rows.pop()
             new_admission = True
         known = 0 if new_admission else self._row_num_blocks[req_id]
-        if len(block_ids) > known:
+        if len(block_ids) < known:  # rejected speculative tokens gave blocks back
+            self._row_num_blocks[req_id] = len(block_ids)
+        elif len(block_ids) > known:
             self._table[row, known : len(block_ids)] = block_ids[known:]
             self._row_num_blocks[req_id] = len(block_ids)
         return row
@@ -186,7 +189,7 @@ class InputBatch:
             step.num_tokens = qsl[i + 1] = end
             seq_lens[i] = start + end - begin
             if req.sample:
-                step.logits_indices.append(end - 1)
+                step.logits_indices.extend(range(end - 1 - len(req.draft_token_ids), end))
         pos = positions[: step.num_tokens]
         token_rows = np.repeat(step.rows, np.diff(qsl[: len(scheduled) + 1]))
         bs = self.block_size

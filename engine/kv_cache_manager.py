@@ -5,7 +5,7 @@ A request's life, as the scheduler drives it:
 2. `allocate_slots(req_id, num_tokens, computed_blocks)`: the first call puts the hit blocks at the
    head of the block table and adds new blocks; later calls grow the table as tokens are computed.
 3. `cache_blocks(req_id, token_ids, num_computed_tokens)` after each step: newly full, computed blocks
-   become shareable.
+   become shareable (`trim` gives back blocks of rejected speculative tokens before that).
 4. `free(req_id)` on finish, abort or preemption. A preempted request starts again at step 1 and
    usually hits its own blocks, still cached in the free queue.
 """
@@ -152,6 +152,18 @@ class KVCacheManager:
                 parent_block_hash=block_hashes[i - 1] if i > 0 else None,
             )
         self._num_cached_blocks[req_id] = num_full
+
+    def trim(self, req_id: str, num_tokens: int) -> None:
+        """Shrink the request's table to `ceil(num_tokens / block_size)` blocks (speculative decoding takes back
+        rejected proposals); the blocks past it were never cached and go back to the free queue, tail first."""
+        blocks = self._req_blocks[req_id]
+        keep = -(-num_tokens // self.block_size)
+        if keep >= len(blocks):
+            return
+        assert keep >= self._num_cached_blocks[req_id], "trimming a cached block"
+        dropped = blocks[keep:]
+        del blocks[keep:], self._req_block_ids[req_id][keep:]
+        self.block_pool.free_blocks(reversed(dropped))
 
     def free(self, req_id: str) -> None:
         """Release the request's blocks, tail first, so a cached prefix is evicted from its tail first."""

@@ -15,20 +15,26 @@ from engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, ModelConfig,
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.spec.config import SpeculativeConfig
 
 Prompt = str | list[int]
 
 
 def engine_config(model: str = DEFAULT_MODEL, **kwargs: Any) -> EngineConfig:
-    """An EngineConfig from flat keyword arguments (any field of ModelConfig, CacheConfig, SchedulerConfig)."""
+    """An EngineConfig from flat keyword arguments (any field of ModelConfig, CacheConfig, SchedulerConfig, and
+    `speculative_config`: a dict, a JSON string or a SpeculativeConfig)."""
     parts: dict[type, dict[str, Any]] = {ModelConfig: {"model": model}, CacheConfig: {}, SchedulerConfig: {}}
+    speculative = SpeculativeConfig.parse(kwargs.pop("speculative_config", None))
     for key, value in kwargs.items():
         owner = next((cls for cls in parts if key in {f.name for f in dataclasses.fields(cls)}), None)
         if owner is None:
             raise TypeError(f"LLM() got an unknown argument {key!r}")
         parts[owner][key] = value
     return EngineConfig(
-        ModelConfig(**parts[ModelConfig]), CacheConfig(**parts[CacheConfig]), SchedulerConfig(**parts[SchedulerConfig])
+        ModelConfig(**parts[ModelConfig]),
+        CacheConfig(**parts[CacheConfig]),
+        SchedulerConfig(**parts[SchedulerConfig]),
+        speculative,
     )
 
 

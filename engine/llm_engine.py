@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common.block_hash import block_extra_keys
@@ -18,6 +19,11 @@ from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
 from engine.scheduler_output import EngineOutput, SchedulerOutput
+from engine.spec.config import SpeculativeConfig
+from engine.spec.ngram import NgramProposer
+from engine.spec.replay import ReplayProposer
+from engine.spec.speculator import Speculator
+from engine.spec.stats import SpecStats
 from kv_transfer.pool_view import KVPoolView
 
 logger = logging.getLogger(__name__)
@@ -28,6 +34,14 @@ def _eos_token_ids(folder: Path, from_config: tuple[int, ...]) -> tuple[int, ...
     eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
     extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
     return tuple(dict.fromkeys([*from_config, *extra]))
+
+
+def _speculator(config: SpeculativeConfig | None) -> Speculator | None:
+    if config is None:
+        return None
+    if config.method == "replay":
+        return Speculator(config, ReplayProposer(config.replay_corruption))
+    return Speculator(config, NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max))
 
 
 class LLMEngine:
@@ -52,12 +66,28 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
+        self.speculator = _speculator(config.speculative_config)
         self.scheduler = Scheduler(
-            config.scheduler.for_device(self.runner.device.type), self.kv_cache_manager, self.runner.max_model_len
+            config.scheduler.for_device(self.runner.device.type),
+            self.kv_cache_manager,
+            self.runner.max_model_len,
+            self.speculator,
         )
         configured = config.scheduler.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
         self._pending: tuple[SchedulerOutput, PendingOutput] | None = None
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Cumulative speculative decoding counters (all zero with speculation off)."""
+        return SpecStats() if self.speculator is None else self.speculator.stats
+
+    def set_replay_recordings(self, recordings: Mapping[tuple[int, ...], Sequence[int]]) -> None:
+        """The replay proposer's recordings: prompt token ids -> their greedy output (see engine.spec.replay)."""
+        proposer = None if self.speculator is None else self.speculator.proposer
+        if not isinstance(proposer, ReplayProposer):
+            raise InvalidArgumentError("speculative_config.method", "recordings need the replay method")
+        proposer.record(recordings)
 
     def kv_pool_views(self) -> list[KVPoolView]:
         """Each rank's KV pool, for the KV transfer backends (one rank: this engine runs on one device)."""
@@ -149,7 +179,7 @@ class LLMEngine:
             scheduler_output = self.scheduler.schedule()
             return self.scheduler.update_from_output(scheduler_output, self.runner.execute(scheduler_output).result())
         outputs: list[EngineOutput] = []
-        if self._pending is not None and self._needs_output_history():
+        if self._pending is not None and (self._needs_output_history() or self._must_see_tokens()):
             outputs = self._apply_pending()
         scheduler_output = self.scheduler.schedule()
         pending = self.runner.execute(scheduler_output)
@@ -165,6 +195,15 @@ class LLMEngine:
         assert self._pending is not None
         (scheduler_output, pending), self._pending = self._pending, None
         return self.scheduler.update_from_output(scheduler_output, pending.result())
+
+    def _must_see_tokens(self) -> bool:
+        """Proposals follow from every token so far, and a step that verified some changes what is computed: such
+        steps wait for the step in flight (no async overlap while speculating)."""
+        if self.speculator is None or self._pending is None:
+            return False
+        return any(r.draft_token_ids for r in self._pending[0].scheduled) or self.speculator.wants_to_propose(
+            self.scheduler.running
+        )
 
     def _needs_output_history(self) -> bool:
         """Penalties read every output token: such a batch waits for the step in flight before it is scheduled."""

@@ -168,18 +168,43 @@ class ModelRunner:
         # NOTE: a pure decode batch samples every row in order: no gather needed.
         rows = hidden[: len(sampling)] if graph_bs is not None else hidden.index_select(0, inputs.logits_indices)
         logits = self.model.compute_logits(rows)
-        batch = SamplingBatch(
+        batch = self._sampling_batch(sampling) if len(rows) > len(sampling) else self._decode_batch(sampling)
+        sampled = self.sampler(logits, batch)
+        req_ids = [r.req_id for r in sampling]
+        drafts = [r.draft_token_ids for r in sampling]
+        # NOTE: a step that verified proposals is never followed by placeholders (LLMEngine.step waits for it).
+        previous_rows = {req_id: row for row, req_id in enumerate(req_ids)} if len(rows) == len(sampling) else {}
+        self._previous = PreviousSample(sampled.token_ids, previous_rows)
+        return PendingOutput(req_ids, sampled, drafts)
+
+    def _decode_batch(self, sampling: list[ScheduledRequest]) -> SamplingBatch:
+        """One row per request: the token after the step's last one, placeholders (async scheduling) included."""
+        return SamplingBatch(
             params=[r.sampling_params for r in sampling],
             seeds=[None if r.sampling_params.greedy else self._seed(r) for r in sampling],
-            # NOTE: the sampled token follows the step's last token, placeholders (async scheduling) included.
             positions=[r.num_computed_tokens + len(r.token_ids) for r in sampling],
             prompt_token_ids=[r.prompt_token_ids for r in sampling],
             output_token_ids=[r.output_token_ids for r in sampling],
         )
-        sampled = self.sampler(logits, batch)
-        req_ids = [r.req_id for r in sampling]
-        self._previous = PreviousSample(sampled.token_ids, {req_id: row for row, req_id in enumerate(req_ids)})
-        return PendingOutput(req_ids, sampled)
+
+    def _sampling_batch(self, sampling: list[ScheduledRequest]) -> SamplingBatch:
+        """With proposals to verify: one row per proposal too, sampled exactly as the same position would be
+        without speculation (same seed, position and output so far), so accepting the proposals up to the first
+        that differs from its row's sample keeps the output that of the target model, token for token."""
+        batch = SamplingBatch([], [], [], [], [])
+        for r in sampling:
+            seed = None if r.sampling_params.greedy else self._seed(r)
+            first = r.num_computed_tokens + len(r.token_ids) - len(r.draft_token_ids)
+            for j in range(len(r.draft_token_ids) + 1):
+                batch.params.append(r.sampling_params)
+                batch.seeds.append(seed)
+                batch.positions.append(first + j)
+                batch.prompt_token_ids.append(r.prompt_token_ids)
+                history = r.output_token_ids
+                if j and r.sampling_params.has_penalty:
+                    history = [*history, *r.draft_token_ids[:j]]
+                batch.output_token_ids.append(history)
+        return batch
 
     def _seed(self, req: ScheduledRequest) -> int:
         """The request's sampling seed: its own, or one drawn once for it (an unseeded request need not be

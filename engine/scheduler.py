@@ -10,6 +10,11 @@ as a placeholder until `update_from_output` delivers it; a request whose last to
 with PLACEHOLDER_TOKEN_ID in its place, and one whose tokens in flight already reach its length limit is not
 scheduled again. Stop tokens are seen one step late: the extra step's output is dropped. `update_from_output`
 works on the very request objects its step scheduled, so an aborted request's id may be reused at once.
+
+Speculative decoding (with a `Speculator`): a decoding request's step also computes the tokens proposed after its
+newest one. When the outputs come back, the rejected proposals' computed tokens are taken back and the blocks past
+them freed (`_settle_drafts`) before any block is hashed, and the accepted ones join the outputs, each checked for
+a stop. A step that proposes is only scheduled once no token is in flight (see `LLMEngine.step`).
 """
 
 from __future__ import annotations
@@ -29,13 +34,21 @@ from engine.scheduler_output import (
     ScheduledRequest,
     SchedulerOutput,
 )
+from engine.spec.speculator import Speculator
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        max_model_len: int,
+        speculator: Speculator | None = None,
+    ) -> None:
         self.config = config
+        self.speculator = speculator
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -116,11 +129,12 @@ class Scheduler:
             if num_new <= 0 or (request.num_placeholders and not request.can_grow(self.max_model_len)):
                 index += 1
                 continue
-            if not self._allocate_or_preempt(request, index, num_new):
+            drafts = self._drafts(request, num_new, budget)
+            if not drafts and not self._allocate_or_preempt(request, index, num_new):
                 break
-            scheduled.append(self._schedule(request, num_new, new_admission=False))
+            scheduled.append(self._schedule(request, num_new, new_admission=False, drafts=drafts))
             requests.append(request)
-            budget -= num_new
+            budget -= num_new + len(drafts)
             index += 1
         if self.num_preemptions == num_preemptions:
             self._admit_waiting(budget, scheduled, requests)
@@ -138,6 +152,16 @@ class Scheduler:
             if victim is request:
                 return False
         return True
+
+    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Proposals for a decoding request, with their blocks allocated; none when the pool is short of blocks."""
+        if self.speculator is None or num_new != 1:
+            return []
+        max_new = min(budget, self.max_model_len - request.num_tokens) - 1
+        drafts = self.speculator.propose(request, max_new, len(self.running))
+        if drafts and self.kv.allocate_slots(request.req_id, request.num_tokens + len(drafts)) is None:
+            return []
+        return drafts
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -179,7 +203,9 @@ class Scheduler:
             requests.append(request)
             budget -= num_new
 
-    def _schedule(self, request: Request, num_new: int, new_admission: bool) -> ScheduledRequest:
+    def _schedule(
+        self, request: Request, num_new: int, new_admission: bool, drafts: list[int] | None = None
+    ) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         token_ids = request.all_token_ids[start:end]
@@ -187,10 +213,13 @@ class Scheduler:
             # NOTE: at schedule time at most one token is in flight: the previous step's output is applied by now.
             assert end == request.num_tokens + 1 == request.num_tokens_with_placeholders, "two tokens in flight"
             token_ids.append(PLACEHOLDER_TOKEN_ID)
-        request.num_computed_tokens = end
         sample = end == request.num_tokens_with_placeholders
         if sample:
             request.num_placeholders += 1
+        if drafts:
+            token_ids += drafts
+            end += len(drafts)
+        request.num_computed_tokens = end
         return ScheduledRequest(
             req_id=request.req_id,
             token_ids=token_ids,
@@ -201,6 +230,7 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             new_admission=new_admission,
+            draft_token_ids=drafts or [],
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
@@ -210,6 +240,9 @@ class Scheduler:
         sampled_token_ids = runner_output.sampled_token_ids
         for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):
             status = request.status
+            accepted = runner_output.accepted_token_ids.get(request.req_id, [])
+            if scheduled.draft_token_ids and status is RequestStatus.RUNNING:
+                self._settle_drafts(request, len(scheduled.draft_token_ids), len(accepted))
             if status is RequestStatus.RUNNING:
                 self.kv.cache_blocks(
                     request.req_id, request.all_token_ids, request.num_computed_tokens, request.block_extra_keys
@@ -221,14 +254,28 @@ class Scheduler:
             token_id = sampled_token_ids.get(request.req_id)
             if token_id is None:
                 continue
-            request.append_output_token(token_id)
-            stopped = request.check_stop(self.max_model_len)
-            if stopped is not None:
-                # NOTE: a request preempted while this token was in flight finishes from the waiting queue.
-                (self.running if status is RequestStatus.RUNNING else self.waiting).remove(request)
-                self._finish(request, stopped)
-            outputs.append(_output(request, [token_id], [runner_output.logprobs.get(request.req_id)]))
+            token_ids = [*accepted, token_id]
+            logprobs = runner_output.accepted_logprobs.get(request.req_id, [])
+            logprobs = [*logprobs, runner_output.logprobs.get(request.req_id)]
+            for num_emitted, new_token_id in enumerate(token_ids, start=1):
+                request.append_output_token(new_token_id)
+                stopped = request.check_stop(self.max_model_len)
+                if stopped is not None:
+                    # NOTE: a request preempted while this token was in flight finishes from the waiting queue.
+                    (self.running if status is RequestStatus.RUNNING else self.waiting).remove(request)
+                    self._finish(request, stopped)
+                    del token_ids[num_emitted:], logprobs[num_emitted:]
+                    break
+            outputs.append(_output(request, token_ids, logprobs))
         return outputs
+
+    def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Take back the computed tokens of rejected proposals and free the blocks past the accepted ones (the slot
+        of the newest token, computed next step, is kept)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        self.kv.trim(request.req_id, request.num_computed_tokens + 1)
+        assert self.speculator is not None
+        self.speculator.record(request.req_id, num_drafts, num_accepted)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
@@ -238,6 +285,8 @@ class Scheduler:
             self.kv.free(request.req_id)
         del self.requests[request.req_id]
         self._finished_req_ids.add(request.req_id)
+        if self.speculator is not None:
+            self.speculator.forget(request.req_id)
 
 
 def _rank(request: Request) -> tuple[int, float]:

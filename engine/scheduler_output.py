@@ -19,7 +19,9 @@ class ScheduledRequest:
     """One request's share of a step: compute KV for `token_ids` at positions `num_computed_tokens`...
 
     The last of `token_ids` may be PLACEHOLDER_TOKEN_ID: the token the previous step is still sampling.
-    `block_ids` only grows while a request runs; `new_admission` marks the first step after (re)admission.
+    `block_ids` grows while a request runs (and shrinks back when proposed tokens are rejected); `new_admission`
+    marks the first step after (re)admission. `draft_token_ids` (speculative decoding) are the last of `token_ids`:
+    proposed tokens the step verifies, sampling after each of them too.
     """
 
     req_id: str
@@ -31,6 +33,7 @@ class ScheduledRequest:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     new_admission: bool = True
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,8 +45,13 @@ class SchedulerOutput:
 
 @dataclass(slots=True, frozen=True)
 class RunnerOutput:
+    """Each sampling request's next token; a request that verified proposals also gets the proposals accepted
+    before it (`accepted_token_ids`, with their log-probs), absent when none was."""
+
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float | None] = field(default_factory=dict)
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

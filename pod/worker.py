@@ -66,4 +66,8 @@ def report_engine_state(metrics: ServiceMetrics, engine: LLMEngine) -> PodLoad:
         prefix_cache_hits=engine.kv_cache_manager.stats.hits,
         num_preemptions=engine.scheduler.num_preemptions,
     )
+    spec = engine.spec_stats
+    metrics.set_spec_totals(
+        draft_tokens=spec.draft_tokens, accepted_tokens=spec.accepted_tokens, verify_steps=spec.verify_steps
+    )
     return load

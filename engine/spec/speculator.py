@@ -1,0 +1,88 @@
+"""Decides each request's proposals per step and keeps the acceptance statistics.
+
+A step's life for one decoding request (all of its tokens but the newest computed, none in flight):
+1. `propose(request, max_new, num_running)`: up to k proposed tokens, fewer when its observed acceptance is low,
+   none while `num_running >= disable_by_batch_size`; the scheduler appends them to the tokens the step computes.
+2. The runner samples after the newest token and after each proposal, as it would without speculation; the
+   proposals are accepted up to the first one that differs from what was sampled at its place.
+3. `record(req_id, num_drafts, num_accepted)` updates the request's moving average of acceptance and the totals.
+
+Proposal length: the most j <= k whose chance of being reached, ema**j, stays >= min_acceptance. A request whose
+average fell below min_acceptance proposes nothing, except a full probe every `probe_interval` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.request import Request
+from engine.spec.config import SpeculativeConfig
+from engine.spec.proposer import Proposer
+from engine.spec.stats import SpecStats
+
+_EMA_DECAY = 0.7
+"""Weight of the old average: from 1.0, four steps of zero acceptance stop a request (min_acceptance 0.25)."""
+
+
+@dataclass(slots=True)
+class _RequestState:
+    ema: float = 1.0
+    idle_steps: int = 0
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.stats = SpecStats()
+        self._states: dict[str, _RequestState] = {}
+
+    def wants_to_propose(self, requests: list[Request]) -> bool:
+        """Whether a step over `requests` (the running batch) would propose for any of them: such a step must see
+        every token the previous step sampled before it is scheduled."""
+        if len(requests) >= self.config.disable_by_batch_size:
+            return False
+        for request in requests:
+            state = self._states.get(request.req_id)
+            if state is None or self._length(state) or state.idle_steps + 1 >= self.config.probe_interval:
+                return True
+        return False
+
+    def propose(self, request: Request, max_new: int, num_running: int) -> list[int]:
+        """At most `max_new` proposed tokens to verify after the request's newest token this step (maybe none)."""
+        if num_running >= self.config.disable_by_batch_size or request.num_placeholders:
+            return []
+        if request.num_computed_tokens != request.num_tokens - 1:
+            return []
+        state = self._states.setdefault(request.req_id, _RequestState())
+        length = self._length(state)
+        if not length:
+            state.idle_steps += 1
+            if state.idle_steps < self.config.probe_interval:
+                return []
+            state.idle_steps = 0
+            length = self.config.num_speculative_tokens
+        num_outputs = len(request.output_token_ids)
+        limit = min(length, request.sampling_params.max_tokens - num_outputs - 1, max_new)
+        if limit <= 0:
+            return []
+        drafts = self.proposer.propose(np.asarray(request.all_token_ids, dtype=np.int64), limit)
+        return [int(t) for t in drafts[:limit]]
+
+    def _length(self, state: _RequestState) -> int:
+        length, reach = 0, state.ema
+        while length < self.config.num_speculative_tokens and reach >= self.config.min_acceptance:
+            length += 1
+            reach *= state.ema
+        return length
+
+    def record(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        state = self._states.get(req_id)
+        if state is not None:
+            state.ema = _EMA_DECAY * state.ema + (1.0 - _EMA_DECAY) * num_accepted / num_drafts
+        self.stats = self.stats.plus(num_drafts, num_accepted, 1)
+
+    def forget(self, req_id: str) -> None:
+        self._states.pop(req_id, None)

@@ -1,0 +1,44 @@
+"""Acceptance (issue 13, item 5): with n-gram speculation on the decode pod, a request through the router streams
+the same greedy tokens as the offline engine without speculation, and the decode pod's /metrics count the
+proposed and accepted tokens. Its own 1 prefill + 1 decode cluster, both pods started with --speculative-config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
+from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle, run
+from tests.e2e.test_observability import scrape
+
+SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+PROMPT = "Repeat this list exactly: apple, banana, cherry, grape, lemon, mango. Again: apple, banana, cherry,"
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def spec_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    config = ClusterConfig(
+        num_prefill=1, num_decode=1, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, "--speculative-config", json.dumps(SPECULATIVE_CONFIG)),
+        log_dir=tmp_path_factory.mktemp("spec-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=0,
+    )  # fmt: skip
+    with LocalCluster(config) as cluster:
+        yield cluster
+
+
+def test_speculating_decode_pod_streams_the_same_tokens(spec_cluster: LocalCluster, oracle: Oracle) -> None:
+    [decode_url] = [url for name, url in spec_cluster.metrics_urls.items() if name.startswith("decode")]
+    with GenerationClient(spec_cluster.router_address) as client:
+        completion = run(client, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert completion.token_ids == oracle.greedy([PROMPT], MAX_TOKENS)[0].token_ids
+    samples = scrape(decode_url)
+    draft, accepted = samples["pdserve:spec_draft_tokens_total"], samples["pdserve:spec_accepted_tokens_total"]
+    assert draft > 0 and 0 < accepted <= draft
+    assert samples["pdserve:spec_acceptance_rate"] == pytest.approx(accepted / draft)
+    assert samples["pdserve:spec_mean_accepted_length"] > 1.0
