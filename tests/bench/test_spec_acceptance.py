@@ -69,5 +69,5 @@ def test_task_files_hold_enough_prompts(tmp_path: Path) -> None:
     assert all(8 <= len(prompts) <= 16 for prompts in sets.values())
     bad = tmp_path / "bad.txt"
     bad.write_text("about\n%%%\nfirst\n%%%\n\n")
-    with pytest.raises(ValueError, match="bad.txt"):
+    with pytest.raises(ValueError, match=r"bad\.txt"):
         load_task_set(bad)
