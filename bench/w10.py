@@ -78,9 +78,7 @@ def _engine(args: argparse.Namespace, speculative_config: dict[str, Any] | None 
 
 
 def _timed_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], RunStats]:
-    """The prompts decoded greedily in one batch (after an 8-token warm-up of the same batch): the outputs, and
-    their timings."""
-    decode_greedy(engine, prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    """The prompts decoded greedily in one batch: the outputs, and their timings."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs: dict[str, list[int]] = {f"timed{i}": [] for i in range(len(prompts))}
     start = time.perf_counter()
@@ -94,6 +92,11 @@ def _timed_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) 
             outputs[out.req_id] += out.new_token_ids
             timings[out.req_id].token_times.extend(now for _ in out.new_token_ids)
     return list(outputs.values()), RunStats(list(timings.values()), time.perf_counter() - start)
+
+
+def _warm_up(engine: LLMEngine, prompts: list[list[int]]) -> None:
+    """A few steps of the same batch first, so the timed run pays no compilation or allocation."""
+    decode_greedy(engine, prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
 
 
 def _set_acceptance(engine: LLMEngine, acceptance: float) -> None:
@@ -116,6 +119,7 @@ def _controlled(args: argparse.Namespace) -> dict[str, Any]:
     recorded: dict[int, list[list[int]]] = {}
     off_stats: dict[int, dict[str, float]] = {}
     for batch, specs in prompts.items():
+        _warm_up(off, [s.prompt_token_ids for s in specs])
         recorded[batch], run = _timed_decode(off, [s.prompt_token_ids for s in specs], output_len)
         off_stats[batch] = run.summary()
     del off
@@ -133,8 +137,10 @@ def _controlled(args: argparse.Namespace) -> dict[str, Any]:
         )
         for batch, acceptance in ((b, a) for b in args.batch_sizes for a in args.spec_acceptance):
             _set_acceptance(on, acceptance)
+            batch_prompts = [s.prompt_token_ids for s in prompts[batch]]
+            _warm_up(on, batch_prompts)
             before = on.spec_stats
-            outputs, run = _timed_decode(on, [s.prompt_token_ids for s in prompts[batch]], output_len)
+            outputs, run = _timed_decode(on, batch_prompts, output_len)
             rows.append(_row(batch, k, acceptance, off_stats[batch], run.summary(), before, on))
             rows[-1]["same_tokens"] = outputs == recorded[batch]
         del on
