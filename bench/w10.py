@@ -142,6 +142,7 @@ def _controlled(args: argparse.Namespace) -> dict[str, Any]:
             before = on.spec_stats
             outputs, run = _timed_decode(on, batch_prompts, output_len)
             rows.append(_row(batch, k, acceptance, off_stats[batch], run.summary(), before, on))
+            rows[-1] |= _step_times(rows[-1], batch * (output_len - 1))
             rows[-1]["same_tokens"] = outputs == recorded[batch]
         del on
         gc.collect()
@@ -174,6 +175,13 @@ def _row(
         "acceptance_rate": stats.acceptance_rate,
         "mean_accepted_length": stats.mean_accepted_length,
     }
+
+
+def _step_times(row: dict[str, Any], num_decoded: int) -> dict[str, float]:
+    """Tokens per decode step (each step emits accepted + 1 per request) and the time of one step with
+    speculation: the verify-step time that `--spec-tasks --step-ms` takes, from the acceptance-1.0 row."""
+    tokens_per_step = num_decoded / (num_decoded - row["accepted_tokens"])
+    return {"tokens_per_step": tokens_per_step, "step_on_ms": row["tpot_on_ms"] * tokens_per_step}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

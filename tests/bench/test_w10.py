@@ -38,6 +38,7 @@ def test_w10_controlled_acceptance_on_tiny_shape(tmp_path: Path) -> None:
     # one token left after the step's own): 7 drafts over 4 verify steps, all accepted.
     assert (full["draft_tokens"], full["accepted_tokens"], full["verify_steps"]) == (14, 14, 8)
     assert full["mean_accepted_length"] == 2.75
+    assert full["tokens_per_step"] == 22 / 8 and full["step_on_ms"] == pytest.approx(full["tpot_on_ms"] * 22 / 8)
     assert none["accepted_tokens"] == 0 and none["draft_tokens"] > 0
     assert none["tpot_off_ms"] == full["tpot_off_ms"] > 0
 
