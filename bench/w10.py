@@ -31,6 +31,9 @@ from engine.spec.replay import ReplayProposer
 from engine.spec.stats import SpecStats
 
 WORKLOADS = ("w10",)
+Batches = dict[int, list[list[int]]]
+"""Batch size -> one token id list per request (prompts, or outputs)."""
+Figures = dict[int, dict[str, float]]
 
 
 def _floats(text: str) -> list[float]:
@@ -107,51 +110,63 @@ def _set_acceptance(engine: LLMEngine, acceptance: float) -> None:
     proposer.corruption = 1.0 - acceptance
 
 
-def _controlled(args: argparse.Namespace) -> dict[str, Any]:
-    """The controlled-acceptance rows (module docstring), for every batch size, k and acceptance."""
-    output_len = args.output_len or 256
+def _run_off(args: argparse.Namespace, output_len: int, result: dict[str, Any]) -> tuple[Batches, Batches, Figures]:
+    """Each batch size's random prompts decoded without speculation: the prompts, their greedy outputs (to replay)
+    and the figures. Fills `result` with what the engine runs on; the engine is gone on return, so the next one
+    has the memory."""
     off = _engine(args)
-    result: dict[str, Any] = {"device": off.info.device, "dtype": off.info.dtype, "model": off.info.model_id}
+    prompts = {
+        b: [s.prompt_token_ids for s in fixed_requests(off.info.vocab_size, b, args.input_len, output_len, seed=b)]
+        for b in args.batch_sizes
+    }
+    result |= {"device": off.info.device, "dtype": off.info.dtype, "model": off.info.model_id}
     result["cuda_graphs"] = off.runner.cuda_graphs is not None
     if off.runner.device.type == "cuda":
         result["device_name"] = torch.cuda.get_device_name()
-    prompts = {b: fixed_requests(off.info.vocab_size, b, args.input_len, output_len, seed=b) for b in args.batch_sizes}
-    recorded: dict[int, list[list[int]]] = {}
-    off_stats: dict[int, dict[str, float]] = {}
-    for batch, specs in prompts.items():
-        _warm_up(off, [s.prompt_token_ids for s in specs])
-        recorded[batch], run = _timed_decode(off, [s.prompt_token_ids for s in specs], output_len)
-        off_stats[batch] = run.summary()
+    recorded: Batches = {}
+    figures: Figures = {}
+    for batch, batch_prompts in prompts.items():
+        _warm_up(off, batch_prompts)
+        recorded[batch], run = _timed_decode(off, batch_prompts, output_len)
+        figures[batch] = run.summary()
     del off
     gc.collect()
     torch.cuda.empty_cache()
+    return prompts, recorded, figures
+
+
+def _controlled(args: argparse.Namespace) -> dict[str, Any]:
+    """The controlled-acceptance rows (module docstring), for every batch size, k and acceptance."""
+    output_len = args.output_len or 256
+    result: dict[str, Any] = {"workload": f"w10 spec {args.input_len}/{output_len}"}
+    prompts, recorded, off_figures = _run_off(args, output_len, result)
+    recordings = {tuple(p): out for b in prompts for p, out in zip(prompts[b], recorded[b], strict=True)}
     rows = []
     for k in args.spec_k:
         on = _engine(args, {"method": "replay", "num_speculative_tokens": k})
-        on.set_replay_recordings(
-            {
-                tuple(s.prompt_token_ids): out
-                for b, specs in prompts.items()
-                for s, out in zip(specs, recorded[b], strict=True)
-            }
-        )
+        on.set_replay_recordings(recordings)
         for batch, acceptance in ((b, a) for b in args.batch_sizes for a in args.spec_acceptance):
             _set_acceptance(on, acceptance)
-            batch_prompts = [s.prompt_token_ids for s in prompts[batch]]
-            _warm_up(on, batch_prompts)
+            _warm_up(on, prompts[batch])
             before = on.spec_stats
-            outputs, run = _timed_decode(on, batch_prompts, output_len)
-            rows.append(_row(batch, k, acceptance, off_stats[batch], run.summary(), before, on))
+            outputs, run = _timed_decode(on, prompts[batch], output_len)
+            rows.append(_row(batch, k, acceptance, off_figures[batch], run.summary(), before, on))
             rows[-1] |= _step_times(rows[-1], batch * (output_len - 1))
             rows[-1]["same_tokens"] = outputs == recorded[batch]
         del on
         gc.collect()
         torch.cuda.empty_cache()
-    return {"workload": f"w10 spec {args.input_len}/{output_len}"} | result | {"rows": rows}
+    return result | {"rows": rows}
 
 
 def _row(
-    batch: int, k: int, acceptance: float, off: dict[str, float], on: dict[str, float], before: Any, engine: LLMEngine
+    batch: int,
+    k: int,
+    acceptance: float,
+    off: dict[str, float],
+    on: dict[str, float],
+    before: SpecStats,
+    engine: LLMEngine,
 ) -> dict[str, Any]:
     after = engine.spec_stats
     stats = SpecStats().plus(
