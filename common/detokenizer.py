@@ -74,6 +74,20 @@ class IncrementalDetokenizer:
             return DetokenizerStep(self._take(len(self._text)), stop_reason)
         return DetokenizerStep(self._take(len(self._text) - self._num_held()), None)
 
+    def update_each(self, new_token_ids: Sequence[int]) -> tuple[DetokenizerStep, int]:
+        """`update` with the ids one at a time (a step of several tokens: speculative decoding), stopping at the one
+        that completes a stop string: the combined step, and how many of the ids it used (those after a stop are not
+        part of the output, as if the tokens had come one per step)."""
+        if len(new_token_ids) == 1:
+            return self.update(new_token_ids), 1
+        text = ""
+        for num_used, token_id in enumerate(new_token_ids, start=1):
+            step = self.update((token_id,))
+            text += step.text_delta
+            if step.stop_reason is not None:
+                return DetokenizerStep(text, step.stop_reason), num_used
+        return DetokenizerStep(text, None), len(new_token_ids)
+
     def flush(self) -> str:
         """At finish, return the text still held back, incomplete trailing characters included."""
         if self._finished:

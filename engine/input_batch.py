@@ -8,6 +8,9 @@ while step N's copies may still be queued on the device.
 
 A token that is a placeholder (sampled by the previous step, not yet seen by the host) is gathered on the device
 from that step's sampled-token tensor.
+
+A verify step replayed from a graph (`query_len` > 1) lays each request out on `query_len` token rows: its real
+tokens, then padding tokens at the following positions that write their K/V nowhere (slot -1) and are not sampled.
 """
 
 from __future__ import annotations
@@ -125,21 +128,25 @@ class InputBatch:
         self._free_rows.extend(range(2 * old - 1, old - 1, -1))
 
     def prepare(
-        self, scheduler_output: SchedulerOutput, graph_batch_size: int | None, previous: PreviousSample | None
+        self,
+        scheduler_output: SchedulerOutput,
+        graph_batch_size: int | None,
+        previous: PreviousSample | None,
+        query_len: int = 1,
     ) -> ModelInput:
-        """Device inputs of the step; with `graph_batch_size`, padded to that many one-token rows."""
+        """Device inputs of the step; with `graph_batch_size`, padded to that many rows of `query_len` tokens."""
         if self._staging:
             self._flip ^= 1
             host = self._staging[self._flip]
         else:
             host = self.device_buffers
-        step = self._fill_requests(host, scheduler_output, previous)
+        step = self._fill_requests(host, scheduler_output, previous, query_len)
         num_reqs = len(scheduler_output.scheduled)
         padded = num_reqs if graph_batch_size is None else graph_batch_size
         width = self._fill_block_table(host, step, padded)
-        num_tokens = step.num_tokens if graph_batch_size is None else graph_batch_size
+        num_tokens = step.num_tokens if graph_batch_size is None else graph_batch_size * query_len
         if graph_batch_size is not None:
-            self._fill_padding(host, num_reqs, step.num_tokens, graph_batch_size)
+            self._fill_padding(host, num_reqs, step.num_tokens, graph_batch_size, query_len)
         num_sampled, num_fill = len(step.logits_indices), len(step.fill_dst)
         aux = host.aux.numpy()
         aux[: num_sampled + 2 * num_fill] = step.logits_indices + step.fill_dst + step.fill_src
@@ -163,13 +170,15 @@ class InputBatch:
         return ModelInput(dev.input_ids[:num_tokens], dev.positions[:num_tokens], metadata, dev.aux[:num_sampled])
 
     def _fill_requests(
-        self, host: StepBuffers, scheduler_output: SchedulerOutput, previous: PreviousSample | None
+        self, host: StepBuffers, scheduler_output: SchedulerOutput, previous: PreviousSample | None, query_len: int
     ) -> _HostStep:
-        """Token ids, positions, slots, query starts and context lengths of the scheduled requests."""
+        """Token ids, positions, slots, query starts and context lengths of the scheduled requests (each padded to
+        `query_len` tokens when that is > 1)."""
         ids, positions, slots = host.input_ids.numpy(), host.positions.numpy(), host.slot_mapping.numpy()
         qsl, seq_lens = host.query_start_loc.numpy(), host.seq_lens.numpy()
         scheduled = scheduler_output.scheduled
         step = _HostStep(0, np.empty(len(scheduled), dtype=np.int64), [], [], [])
+        padding: list[tuple[int, int]] = []
         qsl[0] = 0
         for i, req in enumerate(scheduled):
             step.rows[i] = self._row(req.req_id, req.block_ids, req.new_admission)
@@ -186,14 +195,21 @@ class InputBatch:
                 ids[end - 1] = 0
                 step.fill_dst.append(end - 1)
                 step.fill_src.append(previous.rows[req.req_id])
-            step.num_tokens = qsl[i + 1] = end
-            seq_lens[i] = start + end - begin
             if req.sample:
                 step.logits_indices.extend(range(end - 1 - len(req.draft_token_ids), end))
+            if query_len > 1:
+                padding.append((end, begin + query_len))
+                ids[end : begin + query_len] = 0
+                positions[end : begin + query_len] = np.arange(start + end - begin, start + query_len)
+                end = begin + query_len
+            step.num_tokens = qsl[i + 1] = end
+            seq_lens[i] = start + end - begin
         pos = positions[: step.num_tokens]
         token_rows = np.repeat(step.rows, np.diff(qsl[: len(scheduled) + 1]))
         bs = self.block_size
         slots[: step.num_tokens] = self._table[token_rows, pos // bs].astype(np.int64) * bs + pos % bs
+        for pad_begin, pad_end in padding:
+            slots[pad_begin:pad_end] = -1
         return step
 
     def _fill_block_table(self, host: StepBuffers, step: _HostStep, num_rows: int) -> int:
@@ -209,14 +225,15 @@ class InputBatch:
         return width
 
     @staticmethod
-    def _fill_padding(host: StepBuffers, num_reqs: int, num_tokens: int, graph_batch_size: int) -> None:
-        """Padding rows up to a captured batch size attend over one token of block 0 and write their K/V nowhere."""
-        end = graph_batch_size
-        host.input_ids.numpy()[num_tokens:end] = 0
-        host.positions.numpy()[num_tokens:end] = 0
-        host.slot_mapping.numpy()[num_tokens:end] = -1
-        host.query_start_loc.numpy()[num_reqs + 1 : end + 1] = np.arange(num_reqs + 1, end + 1)
-        host.seq_lens.numpy()[num_reqs:end] = 1
+    def _fill_padding(host: StepBuffers, num_reqs: int, num_tokens: int, graph_batch_size: int, query_len: int) -> None:
+        """Padding rows up to a captured batch size attend over `query_len` tokens of block 0 and write their K/V
+        nowhere."""
+        end, num_padded_tokens = graph_batch_size, graph_batch_size * query_len
+        host.input_ids.numpy()[num_tokens:num_padded_tokens] = 0
+        host.positions.numpy()[num_tokens:num_padded_tokens] = 0
+        host.slot_mapping.numpy()[num_tokens:num_padded_tokens] = -1
+        host.query_start_loc.numpy()[num_reqs + 1 : end + 1] = np.arange(num_reqs + 1, end + 1) * query_len
+        host.seq_lens.numpy()[num_reqs:end] = query_len
 
     def _upload(self, host: StepBuffers, num_tokens: int, num_rows: int, width: int, num_aux: int) -> StepBuffers:
         dev = self.device_buffers

@@ -81,8 +81,15 @@ class ModelRunner:
         )
         self.cuda_graphs: CudaGraphRunner | None = None
         if self.device.type == "cuda" and not config.model.enforce_eager:
+            spec = config.speculative_config
             self.cuda_graphs = CudaGraphRunner(
-                self.model, self.kv_caches, self.input_batch.device_buffers, sched.max_num_seqs, self.max_model_len
+                self.model,
+                self.kv_caches,
+                self.input_batch.device_buffers,
+                sched.max_num_seqs,
+                self.max_model_len,
+                verify_query_len=1 if spec is None else spec.num_speculative_tokens + 1,
+                max_verify_batch_size=0 if spec is None else min(spec.disable_by_batch_size, sched.max_num_seqs),
             )
             self.cuda_graphs.capture()
         self._previous: PreviousSample | None = None
@@ -133,13 +140,22 @@ class ModelRunner:
             raise MemoryError(f"no memory left for the KV pool (budget {budget} bytes, one block {block_nbytes})")
         return budget // block_nbytes
 
-    def _graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
-        """The captured size a pure decode batch replays at; None for a step that runs eagerly."""
+    def _graph_shape(self, scheduler_output: SchedulerOutput) -> tuple[int, int] | None:
+        """The captured (batch size, query length) a step replays at: pure decode batches at query length 1, verify
+        batches (every request a decode, some with proposals) at k + 1; None for a step that runs eagerly."""
         graphs = self.cuda_graphs
         scheduled = scheduler_output.scheduled
-        if graphs is None or len(scheduled) > graphs.max_batch_size or any(len(r.token_ids) != 1 for r in scheduled):
+        if graphs is None:
             return None
-        return graphs.batch_size_for(len(scheduled))
+        if all(len(r.token_ids) == 1 for r in scheduled):
+            return (graphs.batch_size_for(len(scheduled)), 1) if len(scheduled) <= graphs.max_batch_size else None
+        query_len = graphs.verify_query_len
+        for r in scheduled:
+            decode = r.sample and len(r.token_ids) == 1 + len(r.draft_token_ids)
+            if not decode or r.num_computed_tokens + query_len > self.max_model_len:
+                return None
+        bs = graphs.verify_batch_size_for(len(scheduled))
+        return None if bs is None else (bs, query_len)
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInput:
         """The step's device inputs (the eager layout; `execute` also prepares graph replays)."""
@@ -154,11 +170,12 @@ class ModelRunner:
         if not scheduler_output.scheduled:
             self._previous = None
             return NO_OUTPUT
-        graph_bs = self._graph_batch_size(scheduler_output)
-        inputs = self.input_batch.prepare(scheduler_output, graph_bs, self._previous)
+        graph_shape = self._graph_shape(scheduler_output)
+        graph_bs, query_len = (None, 1) if graph_shape is None else graph_shape
+        inputs = self.input_batch.prepare(scheduler_output, graph_bs, self._previous, query_len)
         if graph_bs is not None:
             assert self.cuda_graphs is not None
-            hidden = self.cuda_graphs.replay(graph_bs)
+            hidden = self.cuda_graphs.replay(graph_bs, query_len)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
@@ -166,7 +183,8 @@ class ModelRunner:
             self._previous = None
             return NO_OUTPUT
         # NOTE: a pure decode batch samples every row in order: no gather needed.
-        rows = hidden[: len(sampling)] if graph_bs is not None else hidden.index_select(0, inputs.logits_indices)
+        decode_graph = graph_bs is not None and query_len == 1
+        rows = hidden[: len(sampling)] if decode_graph else hidden.index_select(0, inputs.logits_indices)
         logits = self.model.compute_logits(rows)
         batch = self._sampling_batch(sampling) if len(rows) > len(sampling) else self._decode_batch(sampling)
         sampled = self.sampler(logits, batch)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from common.detokenizer import DetokenizerStep, IncrementalDetokenizer
+from common.detokenizer import IncrementalDetokenizer
 from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.scheduler_output import EngineOutput
@@ -53,7 +53,7 @@ class OutputProcessor:
             if child is None:
                 continue
             completion = child.completion
-            step, num_kept = _detokenize(child.detokenizer, out.new_token_ids)
+            step, num_kept = child.detokenizer.update_each(out.new_token_ids)
             completion.token_ids.extend(out.new_token_ids[:num_kept])
             if completion.logprobs is not None:
                 completion.logprobs.extend(lp for lp in out.new_logprobs[:num_kept] if lp is not None)
@@ -69,17 +69,3 @@ class OutputProcessor:
                 del self._children[out.req_id]
             changed[child.parent.request_id] = child.parent
         return list(changed.values()), to_abort
-
-
-def _detokenize(detokenizer: IncrementalDetokenizer, token_ids: list[int]) -> tuple[DetokenizerStep, int]:
-    """Feed a step's tokens (several when speculation accepted some); the step, and how many tokens count: those
-    up to the one that completed a stop string, as if the tokens had come one per step."""
-    if len(token_ids) == 1:
-        return detokenizer.update(token_ids), 1
-    text = ""
-    for num_kept, token_id in enumerate(token_ids, start=1):
-        step = detokenizer.update([token_id])
-        text += step.text_delta
-        if step.stop_reason is not None:
-            return DetokenizerStep(text, step.stop_reason), num_kept
-    return DetokenizerStep(text, None), len(token_ids)

@@ -11,10 +11,9 @@ with PLACEHOLDER_TOKEN_ID in its place, and one whose tokens in flight already r
 scheduled again. Stop tokens are seen one step late: the extra step's output is dropped. `update_from_output`
 works on the very request objects its step scheduled, so an aborted request's id may be reused at once.
 
-Speculative decoding (with a `Speculator`): a decoding request's step also computes the tokens proposed after its
-newest one. When the outputs come back, the rejected proposals' computed tokens are taken back and the blocks past
-them freed (`_settle_drafts`) before any block is hashed, and the accepted ones join the outputs, each checked for
-a stop. A step that proposes is only scheduled once no token is in flight (see `LLMEngine.step`).
+Speculation (`Speculator`): a decoding request also computes the tokens proposed after its newest one; rejected ones
+are taken back, their blocks freed, before any block is hashed (`_settle_drafts`); accepted ones are output, each
+checked for a stop. A step that proposes is scheduled once no token is in flight (`LLMEngine.step`).
 """
 
 from __future__ import annotations
@@ -240,9 +239,9 @@ class Scheduler:
         sampled_token_ids = runner_output.sampled_token_ids
         for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):
             status = request.status
-            accepted = runner_output.accepted_token_ids.get(request.req_id, [])
             if scheduled.draft_token_ids and status is RequestStatus.RUNNING:
-                self._settle_drafts(request, len(scheduled.draft_token_ids), len(accepted))
+                num_accepted = len(runner_output.accepted_token_ids.get(request.req_id, ()))
+                self._settle_drafts(request, len(scheduled.draft_token_ids), num_accepted)
             if status is RequestStatus.RUNNING:
                 self.kv.cache_blocks(
                     request.req_id, request.all_token_ids, request.num_computed_tokens, request.block_extra_keys
@@ -254,20 +253,27 @@ class Scheduler:
             token_id = sampled_token_ids.get(request.req_id)
             if token_id is None:
                 continue
-            token_ids = [*accepted, token_id]
-            logprobs = runner_output.accepted_logprobs.get(request.req_id, [])
-            logprobs = [*logprobs, runner_output.logprobs.get(request.req_id)]
-            for num_emitted, new_token_id in enumerate(token_ids, start=1):
-                request.append_output_token(new_token_id)
-                stopped = request.check_stop(self.max_model_len)
-                if stopped is not None:
-                    # NOTE: a request preempted while this token was in flight finishes from the waiting queue.
-                    (self.running if status is RequestStatus.RUNNING else self.waiting).remove(request)
-                    self._finish(request, stopped)
-                    del token_ids[num_emitted:], logprobs[num_emitted:]
-                    break
-            outputs.append(_output(request, token_ids, logprobs))
+            token_ids, logprobs = [token_id], [runner_output.logprobs.get(request.req_id)]
+            if scheduled.draft_token_ids:
+                token_ids = runner_output.accepted_token_ids.get(request.req_id, []) + token_ids
+                logprobs = runner_output.accepted_logprobs.get(request.req_id, []) + logprobs
+            outputs.append(self._append_outputs(request, status, token_ids, logprobs))
         return outputs
+
+    def _append_outputs(
+        self, request: Request, status: RequestStatus, token_ids: list[int], logprobs: list[float | None]
+    ) -> EngineOutput:
+        """Append the step's tokens, checking each for a stop: those after a stop are dropped."""
+        for num_emitted, token_id in enumerate(token_ids, start=1):
+            request.append_output_token(token_id)
+            stopped = request.check_stop(self.max_model_len)
+            if stopped is not None:
+                # NOTE: a request preempted while this token was in flight finishes from the waiting queue.
+                (self.running if status is RequestStatus.RUNNING else self.waiting).remove(request)
+                self._finish(request, stopped)
+                del token_ids[num_emitted:], logprobs[num_emitted:]
+                break
+        return _output(request, token_ids, logprobs)
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Take back the computed tokens of rejected proposals and free the blocks past the accepted ones (the slot

@@ -125,8 +125,10 @@ class CompletionRun:
 
     def _chunk(self, step: DecodeStep, leg: CompletionLeg) -> CompletionChunk:
         """The client's chunk of `step` (its tokens now count as emitted); the last one when it finishes."""
+        out, num_used = self._detokenizer.update_each(step.token_ids)
+        if num_used < len(step.token_ids):
+            step = DecodeStep(step.token_ids[:num_used], step.logprobs[:num_used], step.finish_reason, step.stop_reason)
         self._progress.emitted.extend(step.token_ids)
-        out = self._detokenizer.update(step.token_ids)
         if out.stop_reason is not None:
             # NOTE: the stop string's text is cut; the caller closes the leg, which cancels its Decode call.
             return self._last_chunk(DecodeStep(step.token_ids, step.logprobs, "stop", out.stop_reason), out.text_delta,

@@ -52,9 +52,7 @@ class Speculator:
 
     def propose(self, request: Request, max_new: int, num_running: int) -> list[int]:
         """At most `max_new` proposed tokens to verify after the request's newest token this step (maybe none)."""
-        if num_running >= self.config.disable_by_batch_size or request.num_placeholders:
-            return []
-        if request.num_computed_tokens != request.num_tokens - 1:
+        if num_running >= self.config.disable_by_batch_size:
             return []
         state = self._states.setdefault(request.req_id, _RequestState())
         length = self._length(state)
@@ -62,8 +60,12 @@ class Speculator:
             state.idle_steps += 1
             if state.idle_steps < self.config.probe_interval:
                 return []
-            state.idle_steps = 0
             length = self.config.num_speculative_tokens
+        # NOTE: with the newest token still in flight (async scheduling) nothing can be proposed; a probe that is
+        # due stays due, and `wants_to_propose` makes the engine wait for that token before the next step.
+        if request.num_placeholders or request.num_computed_tokens != request.num_tokens - 1:
+            return []
+        state.idle_steps = 0
         num_outputs = len(request.output_token_ids)
         limit = min(length, request.sampling_params.max_tokens - num_outputs - 1, max_new)
         if limit <= 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Speculative decoding on the GPU (issue 13): the gpu-marked spec tests, then batch-1 decode on the Qwen3-8B shape
+# Speculative decoding on the GPU (issue 13): the gpu-marked spec and engine tests, then batch-1 decode on the Qwen3-8B shape
 # (random bf16 weights, CUDA graphs on) with the replay proposer at 0%, 30% and 100% corruption (k=4) vs off, and
 # batch 64 on vs off. Total run time: about 5 minutes on an H100.
 # Run from the repo root: source scripts/device_env.sh && bash scripts/gpu/spec.sh
@@ -7,7 +7,10 @@
 set -euo pipefail
 OUT="${OUT:-/tmp/spec-out}"
 mkdir -p "$OUT"
-python3 -m pytest -q tests/engine/spec/test_spec_gpu.py 2>&1 | tee "$OUT/spec_tests.txt" | tail -3
+# NOTE: test_gpu_engine.py too: the decode graphs now share their capture code with the verify graphs.
+python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/engine/spec/test_spec_gpu.py \
+  tests/engine/test_gpu_engine.py > "$OUT/spec_tests.txt" 2>&1 || echo "GPU TESTS FAILED (see spec_tests.txt)"
+tail -3 "$OUT/spec_tests.txt"
 python3 - "$OUT/spec_timing.json" <<'PY'
 import json, random, sys, time
 

@@ -206,3 +206,17 @@ def test_stop_inside_an_incomplete_tail_found_at_flush(
     assert result.deltas == ["go", ""]
     assert result.flushed == ""
     assert result.detokenizer.output_text == "go"
+
+
+def test_update_each_stops_at_the_token_that_completes_a_stop_string(
+    tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]
+) -> None:
+    ids = encode(tokenizer, "one two three four five six")
+    ends = token_end_offsets(tokenizer, ids)
+    text = tokenizer.decode(ids)
+    stop = text[ends[2] - 2 : ends[3]]  # ends inside token 3 (0-based): tokens 4 and 5 must not count
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, (stop,))
+    first, num_used_first = detokenizer.update_each(ids[:2])
+    step, num_used = detokenizer.update_each(ids[2:])
+    assert (num_used_first, num_used, step.stop_reason) == (2, 2, stop)
+    assert first.text_delta + step.text_delta == detokenizer.output_text == text[: text.index(stop)]

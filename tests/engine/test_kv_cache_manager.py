@@ -212,3 +212,19 @@ def test_computed_blocks_rejected_after_first_allocation() -> None:
     assert manager.allocate_slots("b", 14, computed) == [4]
     with pytest.raises(ValueError):
         manager.allocate_slots("b", 15, computed)
+
+
+def test_trim_gives_back_the_blocks_of_rejected_speculative_tokens() -> None:
+    manager = KVCacheManager(num_blocks=6, block_size=BLOCK_SIZE)
+    tokens = list(range(100, 112))
+    assert manager.allocate_slots("a", 5) == [0, 1]
+    manager.cache_blocks("a", tokens, 5)
+    assert manager.allocate_slots("a", 12) == [2]  # 5 computed + 7 proposed
+    manager.trim("a", 7)  # 2 of them accepted
+    assert manager.get_block_ids("a") == [0, 1]
+    assert manager.num_free_blocks == 4
+    manager.trim("a", 8)  # nothing past the table: unchanged
+    assert manager.get_block_ids("a") == [0, 1]
+    assert manager.allocate_slots("a", 9) == [3]  # block 2 went to the free queue tail
+    manager.free("a")
+    assert manager.num_free_blocks == 6

@@ -98,6 +98,25 @@ async def test_stop_string_spanning_tokens_cuts_the_text_and_cancels_decode(
     assert last.usage.completion_tokens == 5
 
 
+async def test_stop_string_inside_a_multi_token_message_drops_the_tokens_after_it(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    """A speculating decode pod sends several tokens per message: those after the stop string's are not output."""
+    stop = "fox ju"  # completed by output token 4
+    prefill = FakePrefill(first_token_id=output_ids[0])
+    steps = [
+        (output_ids[1:3], 0, None),
+        (output_ids[3:8], 0, None),
+        (output_ids[8:], sampling_pb2.FINISH_REASON_LENGTH, None),
+    ]
+    decode = FakeDecode("decode-0", steps)
+    async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
+        responses = await collect(router.stub.Generate(generate_request(max_tokens=50, stop=[stop])))
+    assert "".join(r.text for r in responses) == TEXT[: TEXT.index(stop)]
+    assert [t for r in responses for t in r.token_ids] == output_ids[:5]
+    assert responses[-1].usage.completion_tokens == 5
+
+
 async def test_include_stop_str_and_stop_on_the_first_token(
     tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
 ) -> None:

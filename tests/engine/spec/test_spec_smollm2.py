@@ -39,7 +39,7 @@ def test_greedy_with_stop_strings_equals_without_speculation(llms: tuple[LLM, LL
     # A stop string from the middle of each greedy text: the speculating engine must stop at the same token.
     stops = [o.outputs[0].text[len(o.outputs[0].text) // 2 :][:3] for o in full]
     for prompt, stop in zip(PROMPTS, stops, strict=True):
-        params = SamplingParams(temperature=0, max_tokens=20, stop=[stop])
+        params = SamplingParams(temperature=0, max_tokens=20, stop=(stop,))
         expected = off.generate(prompt, params, use_tqdm=False)[0].outputs[0]
         got = on.generate(prompt, params, use_tqdm=False)[0].outputs[0]
         assert (got.token_ids, got.text, got.finish_reason) == (expected.token_ids, expected.text, "stop")

@@ -1,0 +1,60 @@
+"""Speculator: proposal lengths from the acceptance average, the stop below min_acceptance, probes, the batch
+switch, and the counters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.sampling_params import SamplingParams
+from engine.request import Request
+from engine.spec.config import SpeculativeConfig
+from engine.spec.speculator import Speculator
+from engine.spec.stats import SpecStats
+
+
+class CountingProposer:
+    """Proposes 100, 101, ... (k of them) and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, token_ids: np.ndarray, k: int) -> np.ndarray:
+        self.calls += 1
+        return np.arange(100, 100 + k, dtype=np.int64)
+
+
+def decoding(req_id: str = "a", max_tokens: int = 100) -> Request:
+    request = Request(req_id, [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    request.append_output_token(4)
+    request.num_computed_tokens = 3
+    return request
+
+
+def test_lengths_fall_with_acceptance_then_probe() -> None:
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, probe_interval=3), CountingProposer())
+    request = decoding()
+    lengths = []
+    for _ in range(10):
+        drafts = speculator.propose(request, max_new=8, num_running=1)
+        lengths.append(len(drafts))
+        if drafts:
+            speculator.record("a", len(drafts), 0)
+    # ema 1.0 -> 0.7 -> 0.49 -> 0.343 -> 0.24 (below 0.25: stop); a probe every third step after that.
+    assert lengths == [4, 3, 1, 1, 0, 0, 4, 0, 0, 4]
+    assert speculator.stats == SpecStats(draft_tokens=17, accepted_tokens=0, verify_steps=6)
+
+
+def test_limits_batch_switch_and_in_flight_tokens() -> None:
+    config = SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8)
+    proposer = CountingProposer()
+    speculator = Speculator(config, proposer)
+    assert speculator.propose(decoding(max_tokens=3), max_new=8, num_running=1) == [100]
+    assert speculator.propose(decoding(), max_new=2, num_running=1) == [100, 101]
+    assert speculator.propose(decoding(), max_new=8, num_running=8) == []
+    assert not speculator.wants_to_propose([decoding(str(i)) for i in range(8)])
+    in_flight = decoding("b")
+    in_flight.num_placeholders = 1
+    assert speculator.propose(in_flight, max_new=8, num_running=1) == []
+    assert proposer.calls == 2
+    speculator.record("a", 4, 3)
+    assert (speculator.stats.acceptance_rate, speculator.stats.mean_accepted_length) == (0.75, 4.0)
