@@ -21,6 +21,7 @@ from typing import Any
 WORKLOAD_MODULES: dict[str, str] = (
     dict.fromkeys(("w1", "w2", "w3", "w4", "idle"), "bench.offline_cli")
     | {"w6": "bench.kv_transfer"}
+    | {"w10": "bench.w10"}
     | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9"), "bench.online")
 )
 
