@@ -9,8 +9,8 @@ A step's life for one decoding request (all of its tokens but the newest compute
 
 Proposal length: the most j <= k whose chance of being reached, ema**j, stays >= min_acceptance. A request whose
 average fell below min_acceptance proposes nothing, except a full probe every `probe_interval` steps. A request
-whose proposer found nothing (no n-gram match; a replay request off its recording) sits out 1, then 2, 4, ... steps
-(at most `probe_interval`) before it asks again, until the proposer finds something; with `back_off` only.
+whose proposer found nothing (no n-gram match; a replay request off its recording) asks again 2, then 4, 8, ...
+steps later (at most `probe_interval`), until the proposer finds something; with `back_off` only.
 
 NOTE: back off under async scheduling: a step that asks must wait for the step in flight (`wants_to_propose`), so a
 request that asks every step and gets nothing costs every step that wait for no gain (+10% on an H100 at batch 1).
