@@ -21,6 +21,7 @@ from engine.scheduler import Scheduler
 from engine.scheduler_output import EngineOutput, SchedulerOutput
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramProposer
+from engine.spec.proposer import Proposer
 from engine.spec.replay import ReplayProposer
 from engine.spec.speculator import Speculator
 from engine.spec.stats import SpecStats
@@ -36,12 +37,15 @@ def _eos_token_ids(folder: Path, from_config: tuple[int, ...]) -> tuple[int, ...
     return tuple(dict.fromkeys([*from_config, *extra]))
 
 
-def _speculator(config: SpeculativeConfig | None) -> Speculator | None:
+def _speculator(config: SpeculativeConfig | None, async_scheduling: bool) -> Speculator | None:
     if config is None:
         return None
+    proposer: Proposer
     if config.method == "replay":
-        return Speculator(config, ReplayProposer(config.replay_corruption))
-    return Speculator(config, NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max))
+        proposer = ReplayProposer(config.replay_corruption)
+    else:
+        proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    return Speculator(config, proposer, back_off=async_scheduling)
 
 
 class LLMEngine:
@@ -66,15 +70,15 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
-        self.speculator = _speculator(config.speculative_config)
+        configured = config.scheduler.async_scheduling
+        self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
+        self.speculator = _speculator(config.speculative_config, self.async_scheduling)
         self.scheduler = Scheduler(
             config.scheduler.for_device(self.runner.device.type),
             self.kv_cache_manager,
             self.runner.max_model_len,
             self.speculator,
         )
-        configured = config.scheduler.async_scheduling
-        self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
         self._pending: tuple[SchedulerOutput, PendingOutput] | None = None
 
     @property

@@ -11,9 +11,9 @@ with PLACEHOLDER_TOKEN_ID in its place, and one whose tokens in flight already r
 scheduled again. Stop tokens are seen one step late: the extra step's output is dropped. `update_from_output`
 works on the very request objects its step scheduled, so an aborted request's id may be reused at once.
 
-Speculation (`Speculator`): a decoding request also computes the tokens proposed after its newest one; rejected ones
-are taken back, their blocks freed, before any block is hashed (`_settle_drafts`); accepted ones are output, each
-checked for a stop. A step that proposes is scheduled once no token is in flight (`LLMEngine.step`).
+Speculation (`DraftSlots`): a decoding request also computes the tokens proposed after its newest one; rejected ones
+are taken back, their blocks freed, before any block is hashed; accepted ones are output, each checked for a stop. A
+step that proposes is scheduled once no token is in flight (`LLMEngine.step`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from engine.scheduler_output import (
     ScheduledRequest,
     SchedulerOutput,
 )
+from engine.spec.draft_slots import DraftSlots
 from engine.spec.speculator import Speculator
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ class Scheduler:
         speculator: Speculator | None = None,
     ) -> None:
         self.config = config
-        self.speculator = speculator
         self.kv = kv_cache_manager
+        self.drafts = None if speculator is None else DraftSlots(speculator, kv_cache_manager, max_model_len)
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -128,7 +129,9 @@ class Scheduler:
             if num_new <= 0 or (request.num_placeholders and not request.can_grow(self.max_model_len)):
                 index += 1
                 continue
-            drafts = self._drafts(request, num_new, budget)
+            drafts = (
+                [] if self.drafts is None or num_new != 1 else self.drafts.propose(request, budget, len(self.running))
+            )
             if not drafts and not self._allocate_or_preempt(request, index, num_new):
                 break
             scheduled.append(self._schedule(request, num_new, new_admission=False, drafts=drafts))
@@ -151,16 +154,6 @@ class Scheduler:
             if victim is request:
                 return False
         return True
-
-    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """Proposals for a decoding request, with their blocks allocated; none when the pool is short of blocks."""
-        if self.speculator is None or num_new != 1:
-            return []
-        max_new = min(budget, self.max_model_len - request.num_tokens) - 1
-        drafts = self.speculator.propose(request, max_new, len(self.running))
-        if drafts and self.kv.allocate_slots(request.req_id, request.num_tokens + len(drafts)) is None:
-            return []
-        return drafts
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -240,8 +233,9 @@ class Scheduler:
         for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):
             status = request.status
             if scheduled.draft_token_ids and status is RequestStatus.RUNNING:
+                assert self.drafts is not None
                 num_accepted = len(runner_output.accepted_token_ids.get(request.req_id, ()))
-                self._settle_drafts(request, len(scheduled.draft_token_ids), num_accepted)
+                self.drafts.settle(request, len(scheduled.draft_token_ids), num_accepted)
             if status is RequestStatus.RUNNING:
                 self.kv.cache_blocks(
                     request.req_id, request.all_token_ids, request.num_computed_tokens, request.block_extra_keys
@@ -275,14 +269,6 @@ class Scheduler:
                 break
         return _output(request, token_ids, logprobs)
 
-    def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
-        """Take back the computed tokens of rejected proposals and free the blocks past the accepted ones (the slot
-        of the newest token, computed next step, is kept)."""
-        request.num_computed_tokens -= num_drafts - num_accepted
-        self.kv.trim(request.req_id, request.num_computed_tokens + 1)
-        assert self.speculator is not None
-        self.speculator.record(request.req_id, num_drafts, num_accepted)
-
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         if request.hold_kv and status is not RequestStatus.FINISHED_ABORTED:
@@ -291,8 +277,8 @@ class Scheduler:
             self.kv.free(request.req_id)
         del self.requests[request.req_id]
         self._finished_req_ids.add(request.req_id)
-        if self.speculator is not None:
-            self.speculator.forget(request.req_id)
+        if self.drafts is not None:
+            self.drafts.speculator.forget(request.req_id)
 
 
 def _rank(request: Request) -> tuple[int, float]:

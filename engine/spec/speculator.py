@@ -8,7 +8,13 @@ A step's life for one decoding request (all of its tokens but the newest compute
 3. `record(req_id, num_drafts, num_accepted)` updates the request's moving average of acceptance and the totals.
 
 Proposal length: the most j <= k whose chance of being reached, ema**j, stays >= min_acceptance. A request whose
-average fell below min_acceptance proposes nothing, except a full probe every `probe_interval` steps.
+average fell below min_acceptance proposes nothing, except a full probe every `probe_interval` steps. A request
+whose proposer found nothing (no n-gram match; a replay request off its recording) asks again 2, then 4, 8, ...
+steps later (at most `probe_interval`), until the proposer finds something; with `back_off` only.
+
+NOTE: back off under async scheduling: a step that asks must wait for the step in flight (`wants_to_propose`), so a
+request that asks every step and gets nothing costs every step that wait for no gain (+10% on an H100 at batch 1).
+Without async scheduling an ask costs only the proposer's call.
 """
 
 from __future__ import annotations
@@ -30,12 +36,16 @@ _EMA_DECAY = 0.7
 class _RequestState:
     ema: float = 1.0
     idle_steps: int = 0
+    """Steps since the request last asked its proposer."""
+    pause: int = 1
+    """Steps between asks while its acceptance is high: doubles each time the proposer finds nothing."""
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, back_off: bool = False) -> None:
         self.config = config
         self.proposer = proposer
+        self._max_pause = config.probe_interval if back_off else 1
         self.stats = SpecStats()
         self._states: dict[str, _RequestState] = {}
 
@@ -46,7 +56,7 @@ class Speculator:
             return False
         for request in requests:
             state = self._states.get(request.req_id)
-            if state is None or self._length(state) or state.idle_steps + 1 >= self.config.probe_interval:
+            if state is None or state.idle_steps + 1 >= self._pause(state):
                 return True
         return False
 
@@ -55,23 +65,26 @@ class Speculator:
         if num_running >= self.config.disable_by_batch_size:
             return []
         state = self._states.setdefault(request.req_id, _RequestState())
-        length = self._length(state)
-        if not length:
-            state.idle_steps += 1
-            if state.idle_steps < self.config.probe_interval:
-                return []
-            length = self.config.num_speculative_tokens
-        # NOTE: with the newest token still in flight (async scheduling) nothing can be proposed; a probe that is
+        state.idle_steps += 1
+        if state.idle_steps < self._pause(state):
+            return []
+        # NOTE: with the newest token still in flight (async scheduling) nothing can be proposed; an ask that is
         # due stays due, and `wants_to_propose` makes the engine wait for that token before the next step.
         if request.num_placeholders or request.num_computed_tokens != request.num_tokens - 1:
             return []
         state.idle_steps = 0
         num_outputs = len(request.output_token_ids)
+        length = self._length(state) or self.config.num_speculative_tokens
         limit = min(length, request.sampling_params.max_tokens - num_outputs - 1, max_new)
         if limit <= 0:
             return []
         drafts = self.proposer.propose(np.asarray(request.all_token_ids, dtype=np.int64), limit)
+        state.pause = 1 if len(drafts) else min(2 * state.pause, self._max_pause)
         return [int(t) for t in drafts[:limit]]
+
+    def _pause(self, state: _RequestState) -> int:
+        """Steps from one ask of the proposer to the next: `probe_interval` below min_acceptance, else its pause."""
+        return state.pause if self._length(state) else self.config.probe_interval
 
     def _length(self, state: _RequestState) -> int:
         length, reach = 0, state.ema

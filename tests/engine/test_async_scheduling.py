@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,37 @@ def test_outputs_arrive_one_step_later(qwen3_path: Path) -> None:
         per_step.append([t for out in engine.step() for t in out.new_token_ids])
     # prefill (sampled, in flight), decode 1, decode 2, then nothing left to run: the last token comes alone.
     assert [len(tokens) for tokens in per_step] == [0, 1, 1, 1]
+
+
+def test_speculation_waits_only_for_steps_that_propose(qwen3_path: Path) -> None:
+    """A replay request that leaves its recording after 8 tokens: once its proposer finds nothing, it asks again
+    after 2, 4, 8 and 16 steps only, and only those steps wait for the step in flight (the others overlap)."""
+    prompt = make_prompts(vocab_size=512, seed=8)[6]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    tokens = run(make_engine(qwen3_path, False), [("r", prompt, params)])["r"][0]
+    spec = {"method": "replay", "num_speculative_tokens": 4}
+    engine = LLMEngine(engine_config(str(qwen3_path), num_blocks=512, async_scheduling=True, speculative_config=spec))
+    engine.set_replay_recordings({tuple(prompt): tokens[:8] + [(t + 1) % 512 for t in tokens[8:]]})
+    events: list[str] = []
+
+    def logged(name: str, method: Any) -> Any:
+        def call(*args: Any) -> Any:
+            events.append(name)
+            return method(*args)
+
+        return call
+
+    for name in ("schedule", "update_from_output"):
+        setattr(engine.scheduler, name, logged(name, getattr(engine.scheduler, name)))
+    engine.add_request("r", prompt, params)
+    waited, outputs = [], []
+    while engine.has_unfinished_requests():
+        events.clear()
+        outputs += [t for out in engine.step() for t in out.new_token_ids]
+        waited.append(events[0] == "update_from_output")
+    assert outputs == tokens
+    # Step 1 prefills; 2 and 3 verify o2..o5 (all accepted) and o7, o8, r9 (rejected); 4 asks and misses, then
+    # 6, 10, 18 and 34 ask again (34 has no token left to propose, but waits). 35 steps: 6 tokens came as proposals.
+    assert [step for step, wait in enumerate(waited, start=1) if wait] == [2, 3, 4, 6, 10, 18, 34]
+    assert len(waited) == 35
+    assert engine.spec_stats.draft_tokens == 8 and engine.spec_stats.accepted_tokens == 6

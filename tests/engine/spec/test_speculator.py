@@ -58,3 +58,40 @@ def test_limits_batch_switch_and_in_flight_tokens() -> None:
     assert proposer.calls == 2
     speculator.record("a", 4, 3)
     assert (speculator.stats.acceptance_rate, speculator.stats.mean_accepted_length) == (0.75, 4.0)
+
+
+class MissingProposer:
+    """Finds nothing for its first `num_misses` calls, then proposes 100, 101, ..."""
+
+    def __init__(self, num_misses: int) -> None:
+        self.num_misses = num_misses
+        self.calls = 0
+
+    def propose(self, token_ids: np.ndarray, k: int) -> np.ndarray:
+        self.calls += 1
+        return np.arange(100, 100 + k, dtype=np.int64) if self.calls > self.num_misses else np.zeros(0, np.int64)
+
+
+def asking_steps(back_off: bool, num_steps: int) -> tuple[list[int], list[int]]:
+    """The steps at which the speculator said it wants to propose, and those at which it asked the proposer."""
+    proposer = MissingProposer(num_misses=4)
+    config = SpeculativeConfig(num_speculative_tokens=2, probe_interval=8)
+    speculator = Speculator(config, proposer, back_off=back_off)
+    request = decoding()
+    wanted, asked = [], []
+    for step in range(num_steps):
+        if speculator.wants_to_propose([request]):
+            wanted.append(step)
+        calls = proposer.calls
+        speculator.propose(request, max_new=8, num_running=1)
+        if proposer.calls > calls:
+            asked.append(step)
+    return wanted, asked
+
+
+def test_a_request_whose_proposer_finds_nothing_backs_off() -> None:
+    # Pauses of 1, 2, 4, 8 (probe_interval) steps after each miss; the fifth ask finds tokens: every step again.
+    wanted, asked = asking_steps(back_off=True, num_steps=25)
+    assert asked == wanted == [0, 2, 6, 14, 22, 23, 24]
+    wanted, asked = asking_steps(back_off=False, num_steps=6)
+    assert asked == wanted == [0, 1, 2, 3, 4, 5]

@@ -1,0 +1,38 @@
+"""The scheduler's side of speculation: a decoding request's proposals with KV slots for them, then, once the step
+that verified them is back, the rejected ones taken back.
+
+1. `propose(request, budget, num_running)` (schedule time): the Speculator's proposals after the request's newest
+   token, with blocks allocated for them too; none when the pool is short of blocks (the newest token still runs).
+2. The step computes the newest token and the proposals; the runner accepts a prefix of them.
+3. `settle(request, num_drafts, num_accepted)` (update time): the rejected proposals' computed tokens are taken back
+   and the blocks past the accepted ones freed (`KVCacheManager.trim`) before any block is hashed, so only verified
+   tokens' blocks reach the prefix cache; the Speculator records the acceptance.
+"""
+
+from __future__ import annotations
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request
+from engine.spec.speculator import Speculator
+
+
+class DraftSlots:
+    def __init__(self, speculator: Speculator, kv_cache_manager: KVCacheManager, max_model_len: int) -> None:
+        self.speculator = speculator
+        self.kv = kv_cache_manager
+        self.max_model_len = max_model_len
+
+    def propose(self, request: Request, budget: int, num_running: int) -> list[int]:
+        """Proposals to verify after a decoding request's newest token (which uses one of `budget` tokens)."""
+        max_new = min(budget, self.max_model_len - request.num_tokens) - 1
+        drafts = self.speculator.propose(request, max_new, num_running)
+        if drafts and self.kv.allocate_slots(request.req_id, request.num_tokens + len(drafts)) is None:
+            return []
+        return drafts
+
+    def settle(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Take back the computed tokens of rejected proposals and free the blocks past the accepted ones (the slot
+        of the newest token, computed next step, is kept)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        self.kv.trim(request.req_id, request.num_computed_tokens + 1)
+        self.speculator.record(request.req_id, num_drafts, num_accepted)
