@@ -170,17 +170,47 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = field(
+        default=1, metadata=doc("devices each layer is split over (worker processes: NCCL on CUDA, gloo on CPU)")
+    )
+    pipeline_parallel_size: int = field(default=1, metadata=doc("stages the layers are split into, one per device"))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            _require(value > 0, name, f"must be > 0, got {value}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.parallel.pipeline_parallel_size == 1 or not self.scheduler.async_scheduling,
+            "async_scheduling",
+            "must be off with pipeline_parallel_size > 1 (the first stage needs each step's sampled tokens)",
+        )
+
+
+ENGINE_CONFIG_PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+"""The dataclasses an EngineConfig is composed of, in field order: each adds its flags to a pod's parser."""
 
 
 def engine_config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
-    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig and SchedulerConfig,
-    else of their `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
+    """The EngineConfig of flags added with `add_config_args` for each of ENGINE_CONFIG_PARTS, else of their
+    `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
     return EngineConfig(
         config_from_args(ModelConfig, args, environ=environ),
         config_from_args(CacheConfig, args, environ=environ),
         config_from_args(SchedulerConfig, args, environ=environ),
+        config_from_args(ParallelConfig, args, environ=environ),
     )

@@ -21,6 +21,7 @@ from engine.input_batch import InputBatch, ModelInput, PreviousSample
 from engine.layers.quant.registry import check_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
+from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -55,21 +56,37 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path: Path) -> None:
-        self.device = resolve_device(config.model.device)
+    """Runs the model on one device: the whole model, or with `comm` one rank's shard of it (a worker process of
+    `engine.parallel`), whose KV pool holds its layers and KV heads."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: Path,
+        device: torch.device | None = None,
+        comm: Communicator = SINGLE_RANK,
+    ) -> None:
+        self.device = device or resolve_device(config.model.device)
         self.arch = ArchConfig.from_folder(model_path)
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
+        self.comm = comm
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         check_kv_cache_dtype(config.cache.kv_cache_dtype, self.device)
-        self.model = load_model(model_path, config.model, backend, self.dtype, self.device)
-        self.num_blocks = self._num_kv_blocks(config.cache)
+        self.model = load_model(model_path, config.model, backend, self.dtype, self.device, comm)
+        kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
+        self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
+        self.num_kv_heads = kv_heads.stop - kv_heads.start
+        self.num_blocks = comm.min_over_world(self._num_kv_blocks(config.cache), self.device)
         self.kv_cache = torch.zeros(
-            (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),
+            (self.num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.arch.head_dim),
             dtype=self.dtype,
             device=self.device,
         )
-        self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
+        if comm.rank.world_size > 1 and self.device.type == "cpu":
+            # NOTE: the engine process reads and writes this rank's pool (KV transfer) through shared memory.
+            self.kv_cache.share_memory_()
+        self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.num_layers)]
         self.max_model_len = self._max_model_len(config.model.max_model_len)
         sched = config.scheduler
         self.input_batch = InputBatch(
@@ -80,7 +97,8 @@ class ModelRunner:
             self.device,
         )
         self.cuda_graphs: CudaGraphRunner | None = None
-        if self.device.type == "cuda" and not config.model.enforce_eager:
+        # NOTE: stage-to-stage sends are not captured: pipeline-parallel runs decode eagerly.
+        if self.device.type == "cuda" and not config.model.enforce_eager and comm.rank.pp_size == 1:
             self.cuda_graphs = CudaGraphRunner(
                 self.model, self.kv_caches, self.input_batch.device_buffers, sched.max_num_seqs, self.max_model_len
             )
@@ -112,14 +130,19 @@ class ModelRunner:
     def block_nbytes(self) -> int:
         return self.kv_cache[0].numel() * self.kv_cache.element_size()
 
+    @property
+    def kv_pools(self) -> list[torch.Tensor]:
+        """Each rank's KV pool (this runner's only)."""
+        return [self.kv_cache]
+
     def _num_kv_blocks(self, cache: CacheConfig) -> int:
         if cache.num_blocks is not None:
             return cache.num_blocks
         block_nbytes = (
-            self.arch.num_layers
+            self.num_layers
             * 2
             * self.block_size
-            * self.arch.num_kv_heads
+            * self.num_kv_heads
             * self.arch.head_dim
             * torch.finfo(self.dtype).bits
             // 8
@@ -162,7 +185,7 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
-        if not sampling:
+        if not sampling or not self.comm.rank.is_last_stage:
             self._previous = None
             return NO_OUTPUT
         # NOTE: a pure decode batch samples every row in order: no gather needed.

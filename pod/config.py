@@ -17,7 +17,7 @@ from common.config import ConfigValueError, add_config_args, config_from_args, d
 from common.errors import InvalidArgumentError
 from common.telemetry_config import TelemetryConfig
 from common.tls import ClusterTLSConfig
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
+from engine.config import ENGINE_CONFIG_PARTS, EngineConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.config import BACKENDS, check_backend
 from pod.admission import AdmissionLimits
 
@@ -158,7 +158,7 @@ def parse_pod_config(
     parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig, PodAdmissionConfig]
     if with_receiver:
         parts.append(KVReceiverConfig)
-    for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, TelemetryConfig, ClusterTLSConfig):
+    for cls in (*parts, *ENGINE_CONFIG_PARTS, TelemetryConfig, ClusterTLSConfig):
         add_config_args(parser, cls)
     args = parser.parse_args(argv)
     try:
