@@ -70,6 +70,8 @@ def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator
 def _device(config: EngineConfig, world_rank: int) -> torch.device:
     device = resolve_device(config.model.device)
     if device.type != "cuda":
+        # NOTE: the ranks already share the host's cores; intra-op threads on top only oversubscribe them.
+        torch.set_num_threads(1)
         return device
     # NOTE: one device per rank, counted from the one configured (cuda means cuda:0).
     device = torch.device("cuda", (device.index or 0) + world_rank)
