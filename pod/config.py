@@ -162,7 +162,7 @@ def parse_pod_config(
         add_config_args(parser, cls)
     args = parser.parse_args(argv)
     try:
-        return PodConfig(
+        config = PodConfig(
             config_from_args(PodServerConfig, args, environ=environ),
             config_from_args(RegistryConfig, args, environ=environ),
             config_from_args(PodTransferConfig, args, environ=environ),
@@ -174,3 +174,11 @@ def parse_pod_config(
         )
     except ConfigValueError as exc:
         parser.error(str(exc))
+    if config.engine.parallel.world_size > 1:
+        # NOTE: the KV transfer backends ship one rank's pool; rank-to-rank transfer between parallel pods is not
+        # built yet (docs/parallelism.md), so a parallel pod is refused here rather than failing at start-up.
+        parser.error(
+            "--tensor-parallel-size/--pipeline-parallel-size: pods run on one device for now (parallel "
+            "engines serve offline through LLM(...); KV transfer between parallel pods is not built yet)"
+        )
+    return config
