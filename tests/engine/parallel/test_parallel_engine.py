@@ -76,6 +76,19 @@ def test_tensor_parallel_llama_matches_one_device_and_dies_cleanly(
 
 
 @pytest.mark.soak
+def test_tensor_and_pipeline_parallel_together_match_one_device(
+    tiny_case: dict[str, tuple[Path, list[list[int]]]],
+) -> None:
+    """TP=2 x PP=2: four workers, two TP groups, stage sends between same-TP-rank peers."""
+    path, expected = tiny_case["llama"]
+    engine, executor = _parallel_engine(path, tensor_parallel_size=2, pipeline_parallel_size=2)
+    try:
+        assert greedy(engine, make_prompts(512), NEW_TOKENS) == expected
+    finally:
+        executor.close()
+
+
+@pytest.mark.soak
 @pytest.mark.timeout(1200)
 def test_tensor_parallel_3_on_smollm2_matches_one_device(smollm2_path: Path) -> None:
     """SmolLM2-135M: 9 heads and 3 KV heads over 3 ranks (one KV head each), 16 prompts x 32 tokens."""
