@@ -75,7 +75,6 @@ def test_tensor_parallel_llama_matches_one_device_and_dies_cleanly(
         executor.close()
 
 
-@pytest.mark.soak
 def test_tensor_and_pipeline_parallel_together_match_one_device(
     tiny_case: dict[str, tuple[Path, list[list[int]]]],
 ) -> None:
@@ -88,8 +87,7 @@ def test_tensor_and_pipeline_parallel_together_match_one_device(
         executor.close()
 
 
-@pytest.mark.soak
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(600)
 def test_tensor_parallel_3_on_smollm2_matches_one_device(smollm2_path: Path) -> None:
     """SmolLM2-135M: 9 heads and 3 KV heads over 3 ranks (one KV head each), 16 prompts x 32 tokens."""
     prompts = make_prompts(vocab_size=49152, seed=1)
