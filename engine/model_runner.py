@@ -78,14 +78,7 @@ class ModelRunner:
         self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
         self.num_kv_heads = kv_heads.stop - kv_heads.start
         self.num_blocks = comm.min_over_world(self._num_kv_blocks(config.cache), self.device)
-        self.kv_cache = torch.zeros(
-            (self.num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.arch.head_dim),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        if comm.rank.world_size > 1 and self.device.type == "cpu":
-            # NOTE: the engine process reads and writes this rank's pool (KV transfer) through shared memory.
-            self.kv_cache.share_memory_()
+        self.kv_cache = self._allocate_kv_pool()
         self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.num_layers)]
         self.max_model_len = self._max_model_len(config.model.max_model_len)
         sched = config.scheduler
@@ -125,6 +118,17 @@ class ModelRunner:
         if max_model_len > pool_tokens:
             logger.warning("max_model_len %d capped to the KV pool's %d tokens", max_model_len, pool_tokens)
         return min(max_model_len, pool_tokens)
+
+    def _allocate_kv_pool(self) -> torch.Tensor:
+        pool = torch.zeros(
+            (self.num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.arch.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        if self.comm.rank.world_size > 1 and self.device.type == "cpu":
+            # NOTE: the engine process reads and writes this rank's pool (KV transfer) through shared memory.
+            pool.share_memory_()
+        return pool
 
     @property
     def block_nbytes(self) -> int:
