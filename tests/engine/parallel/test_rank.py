@@ -64,12 +64,11 @@ def test_config_fields_and_async_scheduling_with_pipeline_stages() -> None:
         EngineConfig(scheduler=SchedulerConfig(async_scheduling=True), parallel=ParallelConfig(1, 2))
 
 
-
 def test_speculation_and_unsliced_quantizations_are_refused_with_parallel_sizes() -> None:
     tp2, pp2 = ParallelConfig(tensor_parallel_size=2), ParallelConfig(pipeline_parallel_size=2)
-    with pytest.raises(InvalidArgumentError, match="^speculative_config: runs on one device only"):
+    with pytest.raises(InvalidArgumentError, match=r"^speculative_config: runs on one device only"):
         EngineConfig(parallel=pp2, speculative_config=SpeculativeConfig())
-    with pytest.raises(InvalidArgumentError, match="^speculative_config: runs on one device only"):
+    with pytest.raises(InvalidArgumentError, match=r"^speculative_config: runs on one device only"):
         engine_config("x", tensor_parallel_size=2, speculative_config={"num_speculative_tokens": 2})
     for quantization in ("fp8", "gptq", "awq"):
         with pytest.raises(InvalidArgumentError, match=f"^quantization: '{quantization}' runs on one device only"):
