@@ -22,7 +22,7 @@ from bench.workloads import RequestSpec
 from common.config import add_config_args
 from common.sampling_params import SamplingParams
 from engine.async_engine import AsyncEngine
-from engine.config import CacheConfig, ModelConfig, SchedulerConfig, engine_config_from_args
+from engine.config import ENGINE_FLAG_PARTS, engine_config_from_args
 from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 def _engine(model: str, load_format: str, engine_flags: Sequence[str]) -> LLMEngine:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+    for cls in ENGINE_FLAG_PARTS:
         add_config_args(parser, cls)
     args, _ = parser.parse_known_args(list(engine_flags))
     args.model, args.load_format = model, load_format

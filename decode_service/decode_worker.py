@@ -107,6 +107,10 @@ class DecodeWorker:
     def num_in_flight(self) -> int:
         return len(self._pending) + len(self._decoding)
 
+    @property
+    def engine_failed(self) -> bool:
+        return self._async_engine.failed
+
     def start_draining(self) -> None:
         self._draining = True
 

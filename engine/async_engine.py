@@ -102,6 +102,11 @@ class AsyncEngine:
         """Queue `engine.release_kv(req_id)` (the request, if still running, finishes normally)."""
         self._submit(lambda: self.engine.release_kv(req_id))
 
+    @property
+    def failed(self) -> bool:
+        """The engine thread stopped on an error (e.g. a dead worker of a parallel engine): no step runs again."""
+        return self._error is not None
+
     def _submit(self, command: Callable[[], None]) -> None:
         if self._error is not None:
             raise EngineDeadError(f"engine thread failed: {self._error!r}")

@@ -21,6 +21,8 @@ CPU_CHUNK_TOKENS = 256
 """The chunk size on CPU when none is set: one step of 8,192 prompt tokens holds a CPU engine for minutes, and a
 cancel or a deadline takes effect only between steps."""
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
+_ONE_DEVICE_QUANTIZATIONS = ("fp8", "gptq", "awq")
+"""Weight formats whose layers are not split over ranks (packed int4, fp8 GEMV tiles per whole projection)."""
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -171,20 +173,66 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = field(
+        default=1, metadata=doc("devices each layer is split over (worker processes: NCCL on CUDA, gloo on CPU)")
+    )
+    pipeline_parallel_size: int = field(default=1, metadata=doc("stages the layers are split into, one per device"))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            _require(value > 0, name, f"must be > 0, got {value}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding; None: off."""
 
+    def __post_init__(self) -> None:
+        _require(
+            self.parallel.pipeline_parallel_size == 1 or not self.scheduler.async_scheduling,
+            "async_scheduling",
+            "must be off with pipeline_parallel_size > 1 (the first stage needs each step's sampled tokens)",
+        )
+        if self.parallel.world_size == 1:
+            return
+        _require(
+            self.speculative_config is None,
+            "speculative_config",
+            "runs on one device only (tensor_parallel_size and pipeline_parallel_size must be 1)",
+        )
+        _require(
+            self.model.quantization not in _ONE_DEVICE_QUANTIZATIONS,
+            "quantization",
+            f"{self.model.quantization!r} runs on one device only (tensor_parallel_size and pipeline_parallel_size "
+            "must be 1; int8 quantizes each rank's slice at load)",
+        )
+
+
+ENGINE_CONFIG_PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+"""The dataclasses an EngineConfig is composed of, in field order (then `speculative_config`)."""
+ENGINE_FLAG_PARTS = (*ENGINE_CONFIG_PARTS, SpeculativeFlags)
+"""The dataclasses whose fields are an engine's flags and `PDSERVE_*` variables (SpeculativeFlags carries
+`speculative_config` as JSON): each adds its flags to a pod's parser."""
+
 
 def engine_config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
-    """The EngineConfig of flags added with `add_config_args` for ModelConfig, CacheConfig, SchedulerConfig and
-    SpeculativeFlags, else of their `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
+    """The EngineConfig of flags added with `add_config_args` for each of ENGINE_FLAG_PARTS, else of their
+    `PDSERVE_*` variables of `environ` (default: os.environ; see `common.config`)."""
     return EngineConfig(
         config_from_args(ModelConfig, args, environ=environ),
         config_from_args(CacheConfig, args, environ=environ),
         config_from_args(SchedulerConfig, args, environ=environ),
+        config_from_args(ParallelConfig, args, environ=environ),
         config_from_args(SpeculativeFlags, args, environ=environ).to_config(),
     )

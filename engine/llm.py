@@ -11,7 +11,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from common.sampling_params import SamplingParams
-from engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import DEFAULT_MODEL, ENGINE_CONFIG_PARTS, EngineConfig, ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -21,25 +21,23 @@ Prompt = str | list[int]
 
 
 def engine_config(model: str = DEFAULT_MODEL, **kwargs: Any) -> EngineConfig:
-    """An EngineConfig from flat keyword arguments (any field of ModelConfig, CacheConfig, SchedulerConfig, and
-    `speculative_config`: a dict, a JSON string or a SpeculativeConfig)."""
-    parts: dict[type, dict[str, Any]] = {ModelConfig: {"model": model}, CacheConfig: {}, SchedulerConfig: {}}
+    """An EngineConfig from flat keyword arguments (any field of ModelConfig, CacheConfig, SchedulerConfig,
+    ParallelConfig, and `speculative_config`: a dict, a JSON string or a SpeculativeConfig)."""
+    parts: dict[type, dict[str, Any]] = {cls: {} for cls in ENGINE_CONFIG_PARTS}
+    parts[ModelConfig]["model"] = model
     speculative = SpeculativeConfig.parse(kwargs.pop("speculative_config", None))
     for key, value in kwargs.items():
         owner = next((cls for cls in parts if key in {f.name for f in dataclasses.fields(cls)}), None)
         if owner is None:
             raise TypeError(f"LLM() got an unknown argument {key!r}")
         parts[owner][key] = value
-    return EngineConfig(
-        ModelConfig(**parts[ModelConfig]),
-        CacheConfig(**parts[CacheConfig]),
-        SchedulerConfig(**parts[SchedulerConfig]),
-        speculative,
-    )
+    model_config, cache, scheduler, parallel = (cls(**values) for cls, values in parts.items())
+    return EngineConfig(model_config, cache, scheduler, parallel, speculative)
 
 
 class LLM:
-    """Runs the engine in-process. Keyword arguments are config fields, e.g. `LLM(max_num_seqs=8)`."""
+    """Runs the engine in-process (its model in worker processes with `tensor_parallel_size` or
+    `pipeline_parallel_size` > 1). Keyword arguments are config fields, e.g. `LLM(max_num_seqs=8)`."""
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
         self.engine = LLMEngine(engine_config(model, **kwargs))

@@ -11,10 +11,10 @@ from common.block_hash import block_extra_keys
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from engine.config import EngineConfig
+from engine.executor import PendingResult, make_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.model_store import resolve_model
-from engine.pending_output import PendingOutput
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
@@ -52,34 +52,42 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_path = resolve_model(config.model.model)
-        self.runner = ModelRunner(config, self.model_path)
-        arch = self.runner.arch
+        self.executor = make_executor(config, self.model_path)
+        arch = self.executor.arch
         self.info = RuntimeInfo(
             model_id=config.model.model,
-            device=str(self.runner.device),
-            dtype=str(self.runner.dtype).removeprefix("torch."),
-            num_blocks=self.runner.num_blocks,
+            device=str(self.executor.device),
+            dtype=str(self.executor.dtype).removeprefix("torch."),
+            num_blocks=self.executor.num_blocks,
             block_size=config.cache.block_size,
-            max_model_len=self.runner.max_model_len,
+            max_model_len=self.executor.max_model_len,
             vocab_size=arch.vocab_size,
             eos_token_ids=_eos_token_ids(self.model_path, arch.eos_token_ids),
         )
         self.kv_cache_manager = KVCacheManager(
-            self.runner.num_blocks,
+            self.executor.num_blocks,
             config.cache.block_size,
             config.cache.enable_prefix_caching,
             extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
         )
         configured = config.scheduler.async_scheduling
-        self.async_scheduling = self.runner.device.type == "cuda" if configured is None else configured
+        if configured is None:
+            configured = self.executor.device.type == "cuda" and config.parallel.pipeline_parallel_size == 1
+        self.async_scheduling = configured
         self.speculator = _speculator(config.speculative_config, self.async_scheduling)
         self.scheduler = Scheduler(
-            config.scheduler.for_device(self.runner.device.type),
+            config.scheduler.for_device(self.executor.device.type),
             self.kv_cache_manager,
-            self.runner.max_model_len,
+            self.executor.max_model_len,
             self.speculator,
         )
-        self._pending: tuple[SchedulerOutput, PendingOutput] | None = None
+        self._pending: tuple[SchedulerOutput, PendingResult] | None = None
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The in-process model runner of a single-device engine (a parallel engine's model lives in workers)."""
+        assert isinstance(self.executor, ModelRunner), "a parallel engine runs its model in worker processes"
+        return self.executor
 
     @property
     def spec_stats(self) -> SpecStats:
@@ -94,8 +102,8 @@ class LLMEngine:
         proposer.record(recordings)
 
     def kv_pool_views(self) -> list[KVPoolView]:
-        """Each rank's KV pool, for the KV transfer backends (one rank: this engine runs on one device)."""
-        return [KVPoolView(self.runner.kv_cache, self.info.block_size)]
+        """Each rank's KV pool, for the KV transfer backends (a parallel engine's are shared with its workers)."""
+        return [KVPoolView(pool, self.info.block_size, rank) for rank, pool in enumerate(self.executor.kv_pools)]
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""
@@ -181,12 +189,12 @@ class LLMEngine:
         step is enqueued on the device first, then the host waits for the previous one's tokens."""
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
-            return self.scheduler.update_from_output(scheduler_output, self.runner.execute(scheduler_output).result())
+            return self.scheduler.update_from_output(scheduler_output, self.executor.execute(scheduler_output).result())
         outputs: list[EngineOutput] = []
         if self._pending is not None and (self._needs_output_history() or self._must_see_tokens()):
             outputs = self._apply_pending()
         scheduler_output = self.scheduler.schedule()
-        pending = self.runner.execute(scheduler_output)
+        pending = self.executor.execute(scheduler_output)
         if self._pending is not None:
             outputs += self._apply_pending()
         if scheduler_output.scheduled:

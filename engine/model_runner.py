@@ -21,6 +21,7 @@ from engine.input_batch import InputBatch, ModelInput, PreviousSample
 from engine.layers.quant.registry import resolve_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
+from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -55,21 +56,30 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path: Path) -> None:
-        self.device = resolve_device(config.model.device)
+    """Runs the model on one device: the whole model, or with `comm` one rank's shard of it (a worker process of
+    `engine.parallel`), whose KV pool holds its layers and KV heads."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: Path,
+        device: torch.device | None = None,
+        comm: Communicator = SINGLE_RANK,
+    ) -> None:
+        self.device = device or resolve_device(config.model.device)
         self.arch = ArchConfig.from_folder(model_path)
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.block_size = config.cache.block_size
+        self.comm = comm
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device)
-        self.model = load_model(model_path, config.model, backend, self.dtype, self.device)
-        self.num_blocks = self._num_kv_blocks(config.cache)
-        self.kv_cache = torch.zeros(
-            (self.num_blocks, self.arch.num_layers, 2, self.block_size, self.arch.num_kv_heads, self.arch.head_dim),
-            dtype=self.kv_dtype,
-            device=self.device,
-        )
-        self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.arch.num_layers)]
+        self.model = load_model(model_path, config.model, backend, self.dtype, self.device, comm)
+        kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
+        self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
+        self.num_kv_heads = kv_heads.stop - kv_heads.start
+        self.num_blocks = comm.min_over_world(self._num_kv_blocks(config.cache), self.device)
+        self.kv_cache = self._allocate_kv_pool()
+        self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.num_layers)]
         self.max_model_len = self._max_model_len(config.model.max_model_len)
         sched = config.scheduler
         self.input_batch = InputBatch(
@@ -79,19 +89,9 @@ class ModelRunner:
             self.max_model_len,
             self.device,
         )
-        self.cuda_graphs: CudaGraphRunner | None = None
-        if self.device.type == "cuda" and not config.model.enforce_eager:
-            spec = config.speculative_config
-            self.cuda_graphs = CudaGraphRunner(
-                self.model,
-                self.kv_caches,
-                self.input_batch.device_buffers,
-                sched.max_num_seqs,
-                self.max_model_len,
-                verify_query_len=1 if spec is None else spec.num_speculative_tokens + 1,
-                max_verify_batch_size=0 if spec is None else min(spec.disable_by_batch_size, sched.max_num_seqs),
-            )
-            self.cuda_graphs.capture()
+        # NOTE: stage-to-stage sends are not captured: pipeline-parallel runs decode eagerly.
+        capture = self.device.type == "cuda" and not config.model.enforce_eager and comm.rank.pp_size == 1
+        self.cuda_graphs = self._capture_cuda_graphs(config) if capture else None
         self._previous: PreviousSample | None = None
         self.sampler = Sampler()
         self.seeds: dict[str, int] = {}
@@ -116,20 +116,46 @@ class ModelRunner:
             logger.warning("max_model_len %d capped to the KV pool's %d tokens", max_model_len, pool_tokens)
         return min(max_model_len, pool_tokens)
 
+    def _capture_cuda_graphs(self, config: EngineConfig) -> CudaGraphRunner:
+        """Decode graphs, and with speculation verify graphs at k + 1 tokens per request."""
+        sched, spec = config.scheduler, config.speculative_config
+        graphs = CudaGraphRunner(
+            self.model,
+            self.kv_caches,
+            self.input_batch.device_buffers,
+            sched.max_num_seqs,
+            self.max_model_len,
+            verify_query_len=1 if spec is None else spec.num_speculative_tokens + 1,
+            max_verify_batch_size=0 if spec is None else min(spec.disable_by_batch_size, sched.max_num_seqs),
+        )
+        graphs.capture()
+        return graphs
+
+    def _allocate_kv_pool(self) -> torch.Tensor:
+        pool = torch.zeros(
+            (self.num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.arch.head_dim),
+            dtype=self.kv_dtype,
+            device=self.device,
+        )
+        if self.comm.rank.world_size > 1 and self.device.type == "cpu":
+            # NOTE: the engine process reads and writes this rank's pool (KV transfer) through shared memory.
+            pool.share_memory_()
+        return pool
+
     @property
     def block_nbytes(self) -> int:
         return self.kv_cache[0].numel() * self.kv_cache.element_size()
+
+    @property
+    def kv_pools(self) -> list[torch.Tensor]:
+        """Each rank's KV pool (this runner's only)."""
+        return [self.kv_cache]
 
     def _num_kv_blocks(self, cache: CacheConfig) -> int:
         if cache.num_blocks is not None:
             return cache.num_blocks
         block_nbytes = (
-            self.arch.num_layers
-            * 2
-            * self.block_size
-            * self.arch.num_kv_heads
-            * self.arch.head_dim
-            * self.kv_dtype.itemsize
+            self.num_layers * 2 * self.block_size * self.num_kv_heads * self.arch.head_dim * self.kv_dtype.itemsize
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -179,7 +205,7 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
-        if not sampling:
+        if not sampling or not self.comm.rank.is_last_stage:
             self._previous = None
             return NO_OUTPUT
         # NOTE: a pure decode batch samples every row in order: no gather needed.

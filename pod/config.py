@@ -13,12 +13,11 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.config import ConfigValueError, add_config_args, config_from_args, doc
+from common.config import add_config_args, config_from_args, doc
 from common.errors import InvalidArgumentError
 from common.telemetry_config import TelemetryConfig
 from common.tls import ClusterTLSConfig
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_config_from_args
-from engine.spec.config import SpeculativeFlags
+from engine.config import ENGINE_FLAG_PARTS, EngineConfig, SchedulerConfig, engine_config_from_args
 from kv_transfer.config import BACKENDS, check_backend
 from pod.admission import AdmissionLimits
 
@@ -159,11 +158,11 @@ def parse_pod_config(
     parts: list[type] = [PodServerConfig, RegistryConfig, PodTransferConfig, PodAdmissionConfig]
     if with_receiver:
         parts.append(KVReceiverConfig)
-    for cls in (*parts, ModelConfig, CacheConfig, SchedulerConfig, SpeculativeFlags, TelemetryConfig, ClusterTLSConfig):
+    for cls in (*parts, *ENGINE_FLAG_PARTS, TelemetryConfig, ClusterTLSConfig):
         add_config_args(parser, cls)
     args = parser.parse_args(argv)
     try:
-        return PodConfig(
+        config = PodConfig(
             config_from_args(PodServerConfig, args, environ=environ),
             config_from_args(RegistryConfig, args, environ=environ),
             config_from_args(PodTransferConfig, args, environ=environ),
@@ -173,5 +172,13 @@ def parse_pod_config(
             config_from_args(ClusterTLSConfig, args, environ=environ),
             config_from_args(PodAdmissionConfig, args, environ=environ),
         )
-    except ConfigValueError as exc:
+    except InvalidArgumentError as exc:
         parser.error(str(exc))
+    if config.engine.parallel.world_size > 1:
+        # NOTE: the KV transfer backends ship one rank's pool; rank-to-rank transfer between parallel pods is not
+        # built yet (docs/parallelism.md), so a parallel pod is refused here rather than failing at start-up.
+        parser.error(
+            "--tensor-parallel-size/--pipeline-parallel-size: pods run on one device for now (parallel "
+            "engines serve offline through LLM(...); KV transfer between parallel pods is not built yet)"
+        )
+    return config

@@ -6,6 +6,8 @@
    it to its servicer.
 4. The runtime registers the pod, heartbeats, reports SERVING and prints the serving line.
 5. Once `stopping` is set: drain, then the server stops, the role closes its worker, and telemetry is flushed.
+   If the engine fails first (e.g. a worker process of a tensor-parallel pod died), the pod reports NOT_SERVING,
+   deregisters at once (its in-flight requests have failed and migrate through the router) and exits with 1.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pod.runtime import PodRuntime
 from pod.worker import PodWorker
 
 logger = logging.getLogger(__name__)
+
+_ENGINE_CHECK_S = 0.2
 
 OpenWorker = Callable[[LLMEngine, PodRuntime], AbstractAsyncContextManager[PodWorker]]
 """A role's worker over a loaded engine: started and handed to the servicer on entry, closed on exit."""
@@ -55,11 +59,22 @@ async def run_pod(
             engine = await load_engine(config.engine)
             worker = await stack.enter_async_context(open_worker(engine, runtime))
             await runtime.go_live(worker)
-            await runtime.stopping.wait()
-            await runtime.drain(config.server.drain_timeout_s)
+            failed = await _serve_until_stopping(runtime, worker)
+            await runtime.drain(0.0 if failed else config.server.drain_timeout_s)
         finally:
             await runtime.stop()
-    return 0
+    return 1 if failed else 0
+
+
+async def _serve_until_stopping(runtime: PodRuntime, worker: PodWorker) -> bool:
+    """Wait for `runtime.stopping`; True if the engine failed first."""
+    while not runtime.stopping.is_set():
+        if worker.engine_failed:
+            logger.error("%s %s: the engine failed; leaving routing and exiting", runtime.role, runtime.pod_id)
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runtime.stopping.wait(), _ENGINE_CHECK_S)
+    return False
 
 
 async def load_engine(config: EngineConfig) -> LLMEngine:

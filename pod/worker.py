@@ -40,6 +40,11 @@ class PodWorker(Protocol):
         ...
 
     @property
+    def engine_failed(self) -> bool:
+        """The engine can run no further step: the pod leaves routing and exits."""
+        ...
+
+    @property
     def kv_endpoint(self) -> str:
         """Where prefill pods reach this pod's KV receiver ("" on pods that receive no KV)."""
         ...

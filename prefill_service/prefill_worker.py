@@ -121,6 +121,10 @@ class PrefillWorker:
     def num_in_flight(self) -> int:
         return len(self._transfer_ends)
 
+    @property
+    def engine_failed(self) -> bool:
+        return self._async_engine.failed
+
     def start_draining(self) -> None:
         self._draining = True
 

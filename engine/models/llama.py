@@ -8,6 +8,12 @@ frequencies.
 Per layer, the elementwise work runs as fused kernels (`LayerKernels`, Triton on CUDA, torch elsewhere): residual
 add + RMSNorm, q/k norm + RoPE + paged K/V store, SiLU-and-mul. The residual stream is carried beside the hidden
 states, so `x + attn(norm(x))` becomes `norm(attn_out + residual)` with the sum kept as the next residual.
+
+Tensor parallelism (`engine.parallel.layers`): q/k/v and gate/up are column-parallel (each rank holds its heads and
+intermediate rows), o_proj and down_proj row-parallel (an all-reduce sums the ranks' parts), the embedding and
+lm_head vocab-parallel. Pipeline parallelism: a stage holds its range of layers (the others are empty
+placeholders, so parameter names keep the checkpoint's layer numbers); the first stage embeds, the others receive
+the hidden states and residual from the previous stage, and every stage but the last passes them on.
 """
 
 from __future__ import annotations
@@ -18,28 +24,46 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.kernels import LayerKernels
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import Linear, LinearMethod, StackedLinear
+from engine.layers.linear import LinearMethod
 from engine.layers.quant.unquantized import UnquantizedLinearMethod
 from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig
+from engine.parallel.communicator import SINGLE_RANK, Communicator
+from engine.parallel.layers import (
+    ParallelLMHead,
+    RowParallelLinear,
+    StackedColumnParallelLinear,
+    VocabParallelEmbedding,
+)
+
+
+def _rows(heads: slice, head_dim: int) -> slice:
+    return slice(heads.start * head_dim, heads.stop * head_dim)
 
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+        self,
+        cfg: ArchConfig,
+        kernels: LayerKernels,
+        backend: AttentionBackend,
+        linear_method: LinearMethod,
+        comm: Communicator,
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = StackedLinear(
+        heads, kv_heads = comm.rank.split(cfg.num_heads), comm.rank.kv_heads(cfg.num_kv_heads)
+        self.num_heads, self.num_kv_heads = heads.stop - heads.start, kv_heads.stop - kv_heads.start
+        self.head_dim = cfg.head_dim
+        kv_rows = _rows(kv_heads, cfg.head_dim)
+        self.qkv_proj = StackedColumnParallelLinear(
             cfg.hidden_size,
             ("q_proj", "k_proj", "v_proj"),
-            (q_size, kv_size, kv_size),
+            (_rows(heads, cfg.head_dim), kv_rows, kv_rows),
             cfg.attention_bias,
             linear_method,
         )
         o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
-        self.o_proj = Linear(q_size, cfg.hidden_size, o_bias, linear_method)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, o_bias, linear_method, comm)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
         self.eps = cfg.rms_norm_eps
@@ -72,13 +96,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, linear_method: LinearMethod) -> None:
+    def __init__(self, cfg: ArchConfig, kernels: LayerKernels, linear_method: LinearMethod, comm: Communicator) -> None:
         super().__init__()
-        size = cfg.intermediate_size
-        self.gate_up_proj = StackedLinear(
-            cfg.hidden_size, ("gate_proj", "up_proj"), (size, size), cfg.mlp_bias, linear_method
+        rows = comm.rank.split(cfg.intermediate_size)
+        self.gate_up_proj = StackedColumnParallelLinear(
+            cfg.hidden_size, ("gate_proj", "up_proj"), (rows, rows), cfg.mlp_bias, linear_method
         )
-        self.down_proj = Linear(size, cfg.hidden_size, cfg.mlp_bias, linear_method)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, linear_method, comm)
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,11 +111,16 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+        self,
+        cfg: ArchConfig,
+        kernels: LayerKernels,
+        backend: AttentionBackend,
+        linear_method: LinearMethod,
+        comm: Communicator,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, kernels, backend, linear_method)
-        self.mlp = LlamaMLP(cfg, kernels, linear_method)
+        self.self_attn = LlamaAttention(cfg, kernels, backend, linear_method, comm)
+        self.mlp = LlamaMLP(cfg, kernels, linear_method, comm)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
@@ -116,20 +145,32 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+        self,
+        cfg: ArchConfig,
+        kernels: LayerKernels,
+        backend: AttentionBackend,
+        linear_method: LinearMethod,
+        comm: Communicator,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.comm = comm
+        self.hidden_size, self.dtype = cfg.hidden_size, torch.get_default_dtype()
+        rank = comm.rank
+        self.embed_tokens = (
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm) if rank.is_first_stage else None
+        )
         self.cos_sin: torch.Tensor
         self.register_buffer(
             "cos_sin",
             cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling),
             persistent=False,
         )
+        self.stage_layers = rank.stage_layers(cfg.num_layers)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, kernels, backend, linear_method) for _ in range(cfg.num_layers)
+            LlamaDecoderLayer(cfg, kernels, backend, linear_method, comm) if i in self.stage_layers else nn.Module()
+            for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels) if rank.is_last_stage else None
 
     def forward(
         self,
@@ -138,27 +179,47 @@ class LlamaModel(nn.Module):
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        """kv_caches: this stage's layers' caches. On the last stage the normed hidden states, on the others the
+        hidden states just sent on."""
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        if self.embed_tokens is not None:
+            x = self.embed_tokens(input_ids)
+        else:
+            like = torch.empty(input_ids.shape[0], self.hidden_size, dtype=self.dtype, device=input_ids.device)
+            x, residual = self.comm.recv_from_previous_stage(2, like)
+        layers = self.layers[self.stage_layers.start : self.stage_layers.stop]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             x, residual = layer(positions, x, residual, kv_cache, metadata, self.cos_sin)
         assert residual is not None
+        if self.norm is None:
+            self.comm.send_to_next_stage((x, residual))
+            return x
         return self.norm.add_and_norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
     """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`. The decoder's projections run
-    `linear_method` (the quantization's); the embedding and lm_head stay in the model dtype."""
+    `linear_method` (the quantization's); the embedding and lm_head stay in the model dtype. `comm` places the
+    model on its rank (default: the whole model on one device)."""
 
     def __init__(
-        self, cfg: ArchConfig, kernels: LayerKernels, backend: AttentionBackend, linear_method: LinearMethod
+        self,
+        cfg: ArchConfig,
+        kernels: LayerKernels,
+        backend: AttentionBackend,
+        linear_method: LinearMethod,
+        comm: Communicator = SINGLE_RANK,
     ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, kernels, backend, linear_method)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, UnquantizedLinearMethod(kernels))
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = LlamaModel(cfg, kernels, backend, linear_method, comm)
+        self.lm_head: ParallelLMHead | None = None
+        if comm.rank.is_last_stage:
+            self.lm_head = ParallelLMHead(
+                cfg.hidden_size, cfg.vocab_size, False, UnquantizedLinearMethod(kernels), comm
+            )
+            if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
         self,
@@ -171,4 +232,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every rank of the last stage gets all logits [T, vocab]."""
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
         return self.lm_head(hidden)

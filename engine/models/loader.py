@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from common.errors import InvalidArgumentError
 from engine.attention.backend import AttentionBackend
 from engine.config import ModelConfig
 from engine.layers.kernels import layer_kernels
@@ -25,6 +26,8 @@ from engine.model_store import GGUF_WEIGHTS
 from engine.models.arch_config import ArchConfig
 from engine.models.gguf_reader import gguf_tensors
 from engine.models.llama import LlamaForCausalLM
+from engine.parallel.communicator import SINGLE_RANK, Communicator
+from engine.parallel.weights import load_sharded_weights
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -35,16 +38,18 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     quant: QuantMethod | None = None,
+    comm: Communicator = SINGLE_RANK,
 ) -> LlamaForCausalLM:
-    """The model with freshly initialized weights, created directly on `device` in `dtype`; its projections run
-    `quant`'s linear method (default: unquantized) once `process_weights_after_loading` has run."""
+    """The model (`comm`'s shard of it) with freshly initialized weights, created directly on `device` in `dtype`;
+    its projections run `quant`'s linear method (default: unquantized) once `process_weights_after_loading` has
+    run."""
     kernels = layer_kernels(device)
     linear_method = (quant or Unquantized()).linear_method(UnquantizedLinearMethod(kernels))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, kernels, backend, linear_method)
+            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, comm)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -58,7 +63,8 @@ def process_weights_after_loading(model: LlamaForCausalLM) -> None:
             module.method.process_weights_after_loading(module)
 
 
-def _safetensors(folder: Path) -> NamedTensors:
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors files (those its index names, else every one in `folder`)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -67,7 +73,11 @@ def _safetensors(folder: Path) -> NamedTensors:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors checkpoint in {folder}")
-    for path in files:
+    return files
+
+
+def _safetensors(folder: Path) -> NamedTensors:
+    for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 yield name, f.get_tensor(name)
@@ -161,20 +171,39 @@ def hf_names(model: LlamaForCausalLM) -> list[str]:
     return list(hf_state_dict(model))
 
 
+def _check_shardable(folder: Path, cfg: ArchConfig) -> None:
+    """Ranks read their slices of float safetensors tensors; packed formats are not sliced (yet)."""
+    if (folder / GGUF_WEIGHTS).exists() or cfg.quantization_config is not None:
+        raise InvalidArgumentError(
+            "tensor_parallel_size",
+            f"{folder.name}: a GGUF or pre-quantized checkpoint runs on one device only (tensor and pipeline "
+            "parallelism slice float safetensors weights; --quantization int8 quantizes each slice at load)",
+        )
+
+
 def load_model(
-    folder: Path, model_config: ModelConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device
+    folder: Path,
+    model_config: ModelConfig,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device,
+    comm: Communicator = SINGLE_RANK,
 ) -> LlamaForCausalLM:
-    """The model of `folder` as `model_config` asks: its checkpoint's weights (or random ones for
+    """The model of `folder` (`comm`'s shard) as `model_config` asks: its checkpoint's weights (or random ones for
     load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint."""
     cfg = ArchConfig.from_folder(folder)
     dummy = model_config.load_format == "dummy"
     quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device, random_weights=dummy)
+    if comm.rank.world_size > 1:
+        _check_shardable(folder, cfg)
     if dummy:
         torch.manual_seed(model_config.seed)
-    model = build_model(cfg, backend, dtype, device, quant)
+    model = build_model(cfg, backend, dtype, device, quant, comm)
     if dummy:
         random_tensors = quant.random_checkpoint(projection_shapes(model), device)
         load_weights(model, quant.translate(random_tensors), folder, require_all=False)
+    elif comm.rank.world_size > 1:
+        load_sharded_weights(model, safetensors_files(folder), cfg.tie_word_embeddings)
     else:
         load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
     process_weights_after_loading(model)

@@ -1,0 +1,110 @@
+"""One worker process of a parallel engine: its device, its process groups, its `ModelRunner` shard.
+
+Lifecycle: join the process group (NCCL on CUDA, gloo on CPU; a file store in the engine's temp folder) -> build
+the runner (loading only this rank's slices) -> report `WorkerReady` (with the KV pool, shared with the engine's
+process) -> run each pickled `SchedulerOutput` the engine sends, the output rank (TP rank 0 of the last stage)
+answering with the `RunnerOutput` -> stop on an empty message or when the engine's end of the pipe closes. Any
+exception is reported as `WorkerFailed` before the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner, resolve_device
+from engine.parallel.communicator import Communicator
+from engine.parallel.rank import ParallelRank
+
+logger = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+"""How long a collective waits for a peer: a worker whose peer died exits after this at the latest (the engine
+sees the death at once through the process sentinel and stops the others)."""
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerReady:
+    num_blocks: int
+    max_model_len: int
+    device: str
+    dtype: torch.dtype
+    kv_pool: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerFailed:
+    world_rank: int
+    error: str
+
+
+def output_rank(tp_size: int, pp_size: int) -> int:
+    """The world rank that returns the sampled tokens: TP rank 0 of the last stage."""
+    return (pp_size - 1) * tp_size
+
+
+def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"file://{store}", rank=rank.world_rank, world_size=rank.world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )  # fmt: skip
+    tp_group = None
+    # NOTE: every rank creates every stage's group, in the same order (torch.distributed requires it).
+    for stage in range(rank.pp_size):
+        group = dist.new_group(list(range(stage * rank.tp_size, (stage + 1) * rank.tp_size)))
+        if stage == rank.pp_rank:
+            tp_group = group
+    return Communicator(rank, tp_group)
+
+
+def _device(config: EngineConfig, world_rank: int) -> torch.device:
+    device = resolve_device(config.model.device)
+    if device.type != "cuda":
+        # NOTE: the ranks already share the host's cores; intra-op threads on top only oversubscribe them.
+        torch.set_num_threads(1)
+        return device
+    # NOTE: one device per rank, counted from the one configured (cuda means cuda:0).
+    device = torch.device("cuda", (device.index or 0) + world_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _serve(runner: ModelRunner, conn: Connection, answers: bool) -> None:
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except EOFError:
+            return
+        if not message:
+            return
+        output = runner.execute(pickle.loads(message)).result()
+        if answers:
+            conn.send_bytes(pickle.dumps(output))
+
+
+def run_worker(world_rank: int, config: EngineConfig, model_path: Path, store: Path, conn: Connection) -> None:
+    """The worker process's entry point (torch.multiprocessing spawn)."""
+    parallel = config.parallel
+    rank = ParallelRank.of_world_rank(world_rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    try:
+        device = _device(config, world_rank)
+        runner = ModelRunner(config, model_path, device, _join(rank, device, store))
+        conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, runner.kv_cache))
+        _serve(runner, conn, world_rank == output_rank(rank.tp_size, rank.pp_size))
+    except Exception:
+        logger.exception("worker rank %d failed", world_rank)
+        conn.send(WorkerFailed(world_rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,54 @@
+"""A pod whose engine fails (e.g. a dead worker process of a parallel engine) stops serving at once, instead of
+staying in routing with an engine that runs no step; parallel pods are refused at the command line for now."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pod.config import parse_pod_config
+from pod.run import _serve_until_stopping
+
+
+def _runtime() -> Any:
+    return SimpleNamespace(stopping=asyncio.Event(), role="decode", pod_id="decode-1")
+
+
+def test_engine_failure_ends_serving_within_a_check_period() -> None:
+    async def scenario() -> bool:
+        runtime, worker = _runtime(), SimpleNamespace(engine_failed=False)
+        serving = asyncio.create_task(_serve_until_stopping(runtime, worker))
+        await asyncio.sleep(0.3)
+        assert not serving.done()
+        worker.engine_failed = True
+        return await asyncio.wait_for(serving, 1.0)
+
+    assert asyncio.run(scenario()) is True
+
+
+def test_stopping_ends_serving_without_failure() -> None:
+    async def scenario() -> bool:
+        runtime, worker = _runtime(), SimpleNamespace(engine_failed=False)
+        serving = asyncio.create_task(_serve_until_stopping(runtime, worker))
+        runtime.stopping.set()
+        return await asyncio.wait_for(serving, 1.0)
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_parallel_pods_are_refused_naming_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_pod_config("prefill", ["--tensor-parallel-size", "2"], with_receiver=False, environ={})
+    assert exc.value.code == 2
+    assert "--tensor-parallel-size/--pipeline-parallel-size: pods run on one device" in capsys.readouterr().err
+
+
+def test_speculation_with_parallel_sizes_is_a_usage_error_naming_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--pipeline-parallel-size", "2", "--speculative-config", '{"method": "ngram"}']
+    with pytest.raises(SystemExit) as exc:
+        parse_pod_config("decode", argv, with_receiver=True, environ={})
+    assert exc.value.code == 2
+    assert "speculative_config: runs on one device only" in capsys.readouterr().err
