@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -101,10 +102,11 @@ def _figure(sweep: ShapeSweep, rows: int, us: float) -> str:
     return f"{2 * rows * sweep.n * sweep.k / us / 1e6:.0f} TFLOP/s"
 
 
-def tune(budget_s: float) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, object]]]:
+def tune(budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None]) -> None:
+    """Times every entry's candidates; `write(entries, timings)` after each entry (a timeout leaves a table)."""
     started = time.monotonic()
-    entries: dict[str, dict[str, object]] = {}
-    timings: dict[str, dict[str, object]] = {}
+    entries: dict[str, object] = {}
+    timings: dict[str, object] = {}
     sweeps = {name: ShapeSweep(n, k) for name, (n, k) in SHAPES.items()}
     ranked_gemv: dict[str, list[Int4Config]] = {}
     order = [1, ROW_BUCKETS[-1]] + [b for b in ROW_BUCKETS[1:-1]]
@@ -128,8 +130,8 @@ def tune(budget_s: float) -> tuple[dict[str, dict[str, object]], dict[str, dict[
                 timing["bf16_us"] = bf16 = sweep.bf16_us(bucket)
                 line += f"; bf16 {bf16:.1f} us, int4 x{bf16 / best_us:.2f}"
             timings[key] = timing
+            write(entries, timings)
             print(line, flush=True)
-    return entries, timings
 
 
 def main() -> None:
@@ -139,11 +141,14 @@ def main() -> None:
     args = parser.parse_args()
     limits = measure_limits(torch.bfloat16)
     print(f"copy bandwidth {limits.copy_bandwidth_gb_s:.0f} GB/s ({limits.device_name})", flush=True)
-    entries, timings = tune(args.budget_s)
-    table = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "entries": entries,
-             "timings": timings}  # fmt: skip
-    args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(entries)} entries to {args.out}")
+
+    def write(entries: dict[str, object], timings: dict[str, object]) -> None:
+        table = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "entries": entries,
+                 "timings": timings}  # fmt: skip
+        args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+    tune(args.budget_s, write)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
