@@ -6,8 +6,9 @@ float32), and write the fastest per (N, K, bucket) as the table engine.layers.qu
 python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140]
 
 Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets; past the budget the rest keep the
-heuristic. Buckets 2-16 time the GEMV tiles that were fastest at 1 row. Prints one line per entry: the winner, its
-time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16 baseline at 1 row (Triton GEMV) and 2048 (cuBLAS).
+heuristic. Buckets 2-16 time the 12 GEMV tiles that were fastest at 1 row; every bucket the GEMM tiles of its size.
+Prints one line per entry: the winner, its time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16 baseline
+at 1 row (Triton GEMV) and 2048 rows (cuBLAS).
 """
 
 from __future__ import annotations
@@ -51,11 +52,9 @@ def _gemm(bm: int, bn: int, groups: int, warps: int, stages: int) -> Int4Config:
 
 
 def candidates(bucket: int, best_gemv: list[Int4Config]) -> list[Int4Config]:
-    if bucket == 1:
-        return GEMV
-    gemv = best_gemv[:12] if bucket <= 16 else []
+    gemv = (GEMV if bucket == 1 else best_gemv[:12]) if bucket <= 16 else []
     size = "small" if bucket <= 16 else "mid" if bucket <= 64 else "large"
-    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]] if bucket >= 4 else []
+    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]]
     return gemv + gemm + (DEQUANT if bucket >= 64 else [])
 
 
@@ -120,7 +119,7 @@ def tune(budget_s: float, write: Callable[[dict[str, object], dict[str, object]]
                 continue
             results.sort(key=lambda r: r[0])
             if bucket == 1:
-                ranked_gemv[name] = [c for _, c in results]
+                ranked_gemv[name] = [c for _, c in results if c.kernel == "gemv"]
             best_us, best = results[0]
             key = table_key(sweep.n, sweep.k, bucket)
             entries[key] = best.to_json()

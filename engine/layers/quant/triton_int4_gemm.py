@@ -20,8 +20,11 @@ import triton.language as tl
 def _unpack_groups(words, scale, zero, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, dtype: tl.constexpr):
     """words [GROUPS*16, BLOCK_N] int32, scale/zero [GROUPS, BLOCK_N] float32 -> [GROUPS*128, BLOCK_N] in dtype."""
     shifts = (tl.arange(0, 8) * 4)[None, :, None, None]
-    q = (tl.reshape(words, (GROUPS, 1, 16, BLOCK_N)) >> shifts) & 0xF  # [G, 8, 16, BN]: channel g*128 + t*16 + w
-    w = (q.to(tl.float32) - tl.reshape(zero, (GROUPS, 1, 1, BLOCK_N))) * tl.reshape(scale, (GROUPS, 1, 1, BLOCK_N))
+    # NOTE: [G, 8, 16, BN] holds channel g*128 + t*16 + w; OR-ing a nibble into float 2^23's bits gives 2^23 + q
+    # (no int->float conversion), and subtracting 2^23 + zero leaves q - zero exactly.
+    bits = ((tl.reshape(words, (GROUPS, 1, 16, BLOCK_N)) >> shifts) & 0xF) | 0x4B000000
+    magic_zero = tl.reshape(zero, (GROUPS, 1, 1, BLOCK_N)) + 8388608.0
+    w = (bits.to(tl.float32, bitcast=True) - magic_zero) * tl.reshape(scale, (GROUPS, 1, 1, BLOCK_N))
     return tl.reshape(w.to(dtype), (GROUPS * 128, BLOCK_N))
 
 
