@@ -1,7 +1,8 @@
-"""Batch-1 int4 GEMV (engine.layers.quant.triton_int4, autotuned tile) against the bf16 GEMV of the same shape
-(cuBLAS and the engine's Triton GEMV), as bytes read / time: int4 bytes are the packed weight, the fp16 group scales
-and the uint8 zeros. Random GPTQ weights (group 128, no act-order), x bf16, weights rotated so the L2 never holds
-the one being read. Also 4 and 8 rows (small decode batches), int4 only.
+"""Batch-1 int4 GEMV (engine.layers.quant.triton_int4, the tuned table's kernel and tile) against the bf16 GEMV of
+the same shape (cuBLAS and the engine's Triton GEMV), as bytes read / time: int4 bytes are the packed weight, the
+fp16 group scales and the uint8 zeros. Random GPTQ weights (group 128, no act-order), x bf16, weights rotated so
+the L2 never holds the one being read, timed as CUDA-graph replays (bench.graph_timing). Also 4 and 8 rows (small
+decode batches), int4 only.
 
 python3 -m bench.kernel_gemv_int4 --out $OUT     (writes bench_gemv_int4.json; GPU only)
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.kernel_gemv import time_rotating_us
+from bench.graph_timing import time_graph_us
 from bench.limits import measure_limits
 from engine.layers.quant.int4 import Gptq
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
@@ -29,23 +30,23 @@ SHAPES = {"4096x4096": (4096, 4096), "4096x12288": (4096, 12288), "12288x4096": 
           "24576x4096": (24576, 4096), "6144x4096": (6144, 4096)}  # fmt: skip
 
 
-def _packed(n: int, k: int) -> PackedInt4:
+def packed_weight(n: int, k: int) -> PackedInt4:
     weight = torch.empty(n, k, device="cuda").uniform_(-(k**-0.5), k**-0.5)
     return Gptq(RANDOM_CHECKPOINT_CONFIGS["gptq"], packed=True).repack(quantized_parts(weight, "gptq"))
 
 
-def _nbytes(p: PackedInt4) -> int:
+def packed_nbytes(p: PackedInt4) -> int:
     return sum(t.numel() * t.element_size() for t in (p.weight, p.scale, p.zero))
 
 
-def _int4_call(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:
-    return int4_linear(x, packed, None)
+def _int4_call(xs: torch.Tensor, weights: list[PackedInt4], i: int) -> torch.Tensor:
+    return int4_linear(xs, weights[i], None)
 
 
 def bench_shape(n: int, k: int) -> dict[str, float]:
-    packed = _packed(n, k)
+    packed = packed_weight(n, k)
     weights = [PackedInt4(packed.weight.clone(), packed.scale.clone(), packed.zero.clone(), None)
-               for _ in range(max(2, (400 << 20) // _nbytes(packed)))]  # fmt: skip
+               for _ in range(max(2, (400 << 20) // packed_nbytes(packed)))]  # fmt: skip
     dense_weight = dequantize(packed).to(torch.bfloat16)
     dense = [dense_weight.clone() for _ in range(max(2, (400 << 20) // (n * k * 2)))]
     row: dict[str, float] = {"n": n, "k": k}
@@ -53,13 +54,13 @@ def bench_shape(n: int, k: int) -> dict[str, float]:
         xs = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
         reference = xs.double() @ dequantize(weights[0]).double().T
         error = float((int4_linear(xs, weights[0], None).double() - reference).norm() / reference.norm())
-        int4_us = time_rotating_us(functools.partial(_int4_call, xs), weights)
-        row |= {f"int4_m{rows}_us": int4_us, f"int4_m{rows}_gb_s": _nbytes(weights[0]) / int4_us / 1e3,
+        int4_us = time_graph_us(functools.partial(_int4_call, xs, weights), len(weights), 20)
+        row |= {f"int4_m{rows}_us": int4_us, f"int4_m{rows}_gb_s": packed_nbytes(weights[0]) / int4_us / 1e3,
                 f"int4_m{rows}_rel_err": error}  # fmt: skip
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     dense_bytes = n * k * 2
     for name, fn in (("bf16_cublas", lambda w: F.linear(x, w)), ("bf16_triton", lambda w: linear(x, w, None))):
-        us = time_rotating_us(fn, dense)
+        us = time_graph_us(lambda i: fn(dense[i]), len(dense), 20)  # noqa: B023 - called at once
         row |= {f"{name}_us": us, f"{name}_gb_s": dense_bytes / us / 1e3}
     row["int4_speedup_vs_bf16_triton"] = row["bf16_triton_us"] / row["int4_m1_us"]
     return row

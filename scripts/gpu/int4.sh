@@ -1,35 +1,49 @@
 #!/usr/bin/env bash
-# GPU int4 (issue 14, GPTQ/AWQ kept packed): the gpu-marked int4 tests (kernels at the 8B projection shapes; a random
-# Qwen3 in int4 vs bf16 on the same dequantized weights, greedy agreement with unquantized bf16), the int4 GEMV
-# micro-benchmark (GB/s vs the bf16 GEMV), W1 batch-1 TPOT on the Qwen3-8B shape in bf16 and GPTQ int4 (random weights
-# quantized in memory) with the int4 decode floor, and W2 2048-token TTFT in int4. Total run time: about 5 minutes on
-# an H100 (the first int4 calls compile and autotune the GEMV tiles); each step has a timeout (at most 9 minutes in all).
+# GPU int4 (issue 14, GPTQ/AWQ kept packed), in order: the kernel sweep (bench/tune_int4.py: every GEMV/GEMM/dequant
+# candidate per 8B projection shape and row bucket, CUDA-graph replays over rotating weights; <= ~150 s), whose table
+# is copied into the tree (engine/layers/quant/int4_tuned.json, which the kernels read) and into $OUT; then the
+# gpu-marked int4 tests (kernels at the 8B projection shapes; a random Qwen3 in int4 vs bf16 on the same dequantized
+# weights), the int4 GEMV micro-benchmark (GB/s vs the bf16 GEMV, on the table's tiles), W1 batch-1 TPOT on the
+# Qwen3-8B shape in bf16 and GPTQ int4 (random weights quantized in memory) with the int4 decode floor, and W2
+# 2048-token TTFT in int4. Total run time: about 6 minutes on an H100 (step timeouts: 565 s in all).
 # Run from the repo root: source scripts/device_env.sh && OUT=/some/folder bash scripts/gpu/int4.sh
-# Writes to $OUT: int4_tests.txt, gemv_int4.txt + bench_gemv_int4.json, w1_none.json, w1_gptq.json, w2_gptq.json,
-# one log per bench run, and summary.txt (what the last lines print).
+# Writes to $OUT three files: summary.txt (what the script prints), int4_tuned.json (the sweep's table: commit it as
+# engine/layers/quant/int4_tuned.json) and logs.tgz (every step's log and JSON).
 set -u -o pipefail
 OUT="${OUT:-/tmp/int4-out}"
+LOGS="$(mktemp -d)"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SHAPE=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 
-timeout 150 python3 -m pytest -q -s -m gpu tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py \
-    >"$OUT/int4_tests.txt" 2>&1
-echo "tests exit $?"
-grep -E "^int4 |passed|failed|error" "$OUT/int4_tests.txt" | tail -6
+{
+timeout 160 python3 -m bench.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 110 >"$LOGS/tune_int4.txt" 2>&1
+echo "sweep exit $?"
+grep -E "^copy|rows (1|2048):|^wrote|budget" "$LOGS/tune_int4.txt"
+if [[ -f "$LOGS/int4_tuned.json" ]]; then
+    cp "$LOGS/int4_tuned.json" engine/layers/quant/int4_tuned.json
+    cp "$LOGS/int4_tuned.json" "$OUT/int4_tuned.json"
+fi
 
-timeout 75 python3 -m bench.kernel_gemv_int4 --out "$OUT" 2>&1 | tee "$OUT/gemv_int4.txt" | grep -v Warning
+timeout 110 python3 -m pytest -q -s -m gpu tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py \
+    >"$LOGS/int4_tests.txt" 2>&1
+echo "tests exit $?"
+grep -E "^int4 |passed|failed|error" "$LOGS/int4_tests.txt" | tail -6
+
+timeout 50 python3 -m bench.kernel_gemv_int4 --out "$LOGS" >"$LOGS/gemv_int4.txt" 2>&1
+echo "gemv bench exit $?"
+grep -E "^[0-9]+x[0-9]+:|^copy" "$LOGS/gemv_int4.txt"
 
 for method in none gptq; do
-    timeout 110 python3 -m bench --workload w1 "${SHAPE[@]}" --quantization "$method" --num-prompts 2 \
-        --input-len 128 --output-len 256 --json "$OUT/w1_$method.json" >"$OUT/w1_$method.log" 2>&1
+    timeout 85 python3 -m bench --workload w1 "${SHAPE[@]}" --quantization "$method" --num-prompts 2 \
+        --input-len 128 --output-len 256 --json "$LOGS/w1_$method.json" >"$LOGS/w1_$method.log" 2>&1
     echo "w1 $method exit $?"
 done
-timeout 90 python3 -m bench --workload w2 "${SHAPE[@]}" --quantization gptq --num-prompts 3 --input-len 2048 \
-    --json "$OUT/w2_gptq.json" >"$OUT/w2_gptq.log" 2>&1
+timeout 75 python3 -m bench --workload w2 "${SHAPE[@]}" --quantization gptq --num-prompts 3 --input-len 2048 \
+    --json "$LOGS/w2_gptq.json" >"$LOGS/w2_gptq.log" 2>&1
 echo "w2 gptq exit $?"
 
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$LOGS" <<'PY'
 import json, pathlib, sys
 
 out = pathlib.Path(sys.argv[1])
@@ -58,3 +72,5 @@ if w2 is not None:
     print(f"W2 2048 TTFT gptq int4: p50 {w2['engine']['ttft_ms_p50']:.1f} ms, "
           f"{w2['limits'].get('prefill_tflops', float('nan')):.0f} TFLOP/s")
 PY
+} 2>&1 | tee "$OUT/summary.txt"
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .

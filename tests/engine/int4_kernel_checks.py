@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.layers.quant.int4 import Awq, Gptq, Int4Checkpoint
 from engine.layers.quant.int4_layout import PackedInt4, dequantize, pack_kernel_order
-from engine.layers.quant.triton_int4 import GEMV_CONFIGS, int4_linear
+from engine.layers.quant.int4_tuning import Int4Config
+from engine.layers.quant.triton_int4 import int4_linear
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, checkpoint_tensors, load_weights, process_weights_after_loading
 from tests.engine.int4_reference import Int4Format, quantization_config, quantize_projection, write_int4_checkpoint
@@ -66,7 +67,7 @@ def random_case(n: int, k: int, act_order: bool, device: str, seed: int) -> tupl
 
 def check_int4_linear(
     case: tuple[PackedInt4, torch.Tensor], m: int, dtype: torch.dtype, bias: bool, seed: int,
-    gemv_config: dict[str, int] | None = None,
+    config: Int4Config | None = None,
 ) -> None:  # fmt: skip
     packed, weight = case
     gen = torch.Generator(weight.device).manual_seed(seed)
@@ -74,12 +75,12 @@ def check_int4_linear(
     # NOTE: rows of a wider buffer: the kernels must honour x's row stride.
     x = torch.randn(m, k + 8, generator=gen, device=weight.device).to(dtype)[:, :k]
     b = torch.randn(n, generator=gen, device=weight.device).to(dtype) if bias else None
-    out = int4_linear(x, packed, b, gemv_config)
+    out = int4_linear(x, packed, b, config)
     want = x.double() @ weight.double().T + (0 if b is None else b.double())
     assert out.shape == (m, n) and out.dtype == dtype and bool(torch.isfinite(out).all())
     error = float((out.double() - want).norm() / want.norm())
     tolerance = FLOAT32_TOLERANCE if dtype == torch.float32 else HALF_TOLERANCE
-    assert error < tolerance, f"m={m} n={n} k={k} {dtype} {gemv_config}: relative error {error:.2e}"
+    assert error < tolerance, f"m={m} n={n} k={k} {dtype} {config}: relative error {error:.2e}"
 
 
 def check_packed_model_layers(folder: Path) -> None:
@@ -106,19 +107,33 @@ def check_packed_model_layers(folder: Path) -> None:
             assert error < FLOAT32_TOLERANCE, f"{name}, {rows} rows: relative error {error:.2e}"
 
 
+def _gemv(block_n: int, groups: int, split_k: int) -> Int4Config:
+    return Int4Config("gemv", {"BLOCK_N": block_n, "GROUPS": groups, "SPLIT_K": split_k, "num_warps": 4})
+
+
+def _gemm(block_m: int, block_n: int, groups: int) -> Int4Config:
+    return Int4Config("gemm", {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUPS": groups, "GROUP_M": 2})
+
+
+INTERPRETED_CONFIGS = [_gemv(16, 2, 1), _gemv(8, 4, 1), _gemv(16, 1, 3), _gemv(32, 2, 2), _gemm(16, 32, 1),
+                       _gemm(16, 16, 2), Int4Config("dequant", {"BLOCK_N": 16, "GROUPS": 2})]  # fmt: skip
+"""Tiles that leave tails: 48 outputs, 384 inputs (3 groups: split 3 ways, 2 ways over 2-group tiles)."""
+
+
 def run_interpreted_checks() -> None:
-    """Small CPU cases (the process must start with TRITON_INTERPRET=1): the GEMV at 1 row (every tile on the
-    asymmetric act-order format, one tile on the others) and 3 rows, the GEMM at 20 rows, on 48 outputs (no tile
-    divides it) x 384 inputs (3 groups, which no multi-group tile divides); a `random_case` (as the GPU tests use);
-    then a one-layer qwen3 (hidden 128) GPTQ act-order checkpoint loaded packed, layer by layer."""
-    gemv_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in GEMV_CONFIGS]
+    """Small CPU cases (the process must start with TRITON_INTERPRET=1): every kernel (GEMV with and without
+    split-K, GEMM with 1 and 2 groups per step, dequantize + matmul) on the asymmetric act-order format at 1 and 3
+    rows (GEMV) or 20 rows, one of each on the other formats, on 48 outputs x 384 inputs (no tile divides either);
+    the default choice at 1, 2 and 9 rows on a `random_case` (as the GPU tests use); then a one-layer qwen3
+    (hidden 128) GPTQ act-order checkpoint loaded packed, layer by layer."""
     for seed, name in enumerate(FORMATS):
         case = make_case(name, 48, 384, "cpu", seed)
-        for gemv in gemv_configs if name == "gptq_v2-asym-act-order" else gemv_configs[1:2]:
-            check_int4_linear(case, 1, torch.float32, bias=False, seed=seed, gemv_config=gemv)
-        check_int4_linear(case, 3, torch.float32, bias=True, seed=seed, gemv_config=gemv_configs[2])
-        check_int4_linear(case, 20, torch.float32, bias=seed % 2 == 0, seed=seed)
+        configs = INTERPRETED_CONFIGS if name == "gptq_v2-asym-act-order" else INTERPRETED_CONFIGS[2::2]
+        for i, config in enumerate(configs):
+            rows = (1 + 2 * (i % 2)) if config.kernel == "gemv" else 20
+            check_int4_linear(case, rows, torch.float32, bias=(seed + i) % 2 == 0, seed=seed, config=config)
     random = random_case(40, 256, act_order=True, device="cpu", seed=9)
+    check_int4_linear(random, 1, torch.float32, bias=False, seed=9)
     check_int4_linear(random, 2, torch.float32, bias=False, seed=9)
     check_int4_linear(random, 9, torch.float32, bias=False, seed=9)
     with tempfile.TemporaryDirectory() as tmp:

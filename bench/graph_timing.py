@@ -1,0 +1,31 @@
+"""Kernel timing as CUDA-graph replays over rotating weights: the launch costs ~1 us, as in the engine's decode
+graphs, and no weight is read from the L2 (the rotation's bytes exceed it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def time_graph_us(call: Callable[[int], object], num_weights: int, replays: int) -> float:
+    """us per call of call(i), i over range(num_weights), from `replays` replays of one graph holding them all."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(num_weights):
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(num_weights):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays / num_weights
