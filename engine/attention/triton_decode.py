@@ -41,11 +41,11 @@ def kv_to_query_dtype(x, scale, like, KV_FP8: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, k_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
+    qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
     stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -72,18 +72,19 @@ def _decode_kernel(
         n_mask = n < hi
         block = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
         rows = cache_ptr + block * stride_cb + (n % PAGE) * stride_ct + kv_head * stride_ch
-        k_t = tl.load(rows[None, :] + d[:, None], mask=n_mask[None, :], other=0.0)
-        k_t = kv_to_query_dtype(k_t, k_scale, q, KV_FP8)
+        # NOTE: whole tiles go to the query's dtype with no scale (a no-op on a pool in that dtype): the fp8 pool's
+        # k_scale is inside qk_scale and its v_scale multiplies the sums once, after the loop.
+        k_t = tl.load(rows[None, :] + d[:, None], mask=n_mask[None, :], other=0.0).to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(rows[:, None] + stride_ckv + d[None, :], mask=n_mask[:, None], other=0.0)
-        v = kv_to_query_dtype(v, v_scale, q, KV_FP8)
+        v = tl.load(rows[:, None] + stride_ckv + d[None, :], mask=n_mask[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    acc = acc * v_scale
 
     if not SPLIT:
         out = acc / l_i[:, None]
@@ -160,8 +161,7 @@ def decode_attention(
         query_start_loc,
         seq_lens,
         block_table,
-        scale * 1.4426950408889634,
-        kv_scales[0],
+        scale * 1.4426950408889634 * kv_scales[0],
         kv_scales[1],
         query.stride(0),
         query.stride(1),
@@ -181,7 +181,6 @@ def decode_attention(
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

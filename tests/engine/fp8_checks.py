@@ -116,4 +116,5 @@ def run_interpreted_checks() -> None:
     check_fp8_gemv(16, 1024, torch.float32, "cpu", seed=0, bias=True)
     check_fp8_gemv(8, 192, torch.float16, "cpu", seed=1, bias=False)
     check_quantize_rows(5, 1500, torch.float16, "cpu", seed=3, check_values=False)
+    check_quantize_rows(2, 16400, torch.float16, "cpu", seed=4, check_values=False)
     check_fp8_kv_attention([(40, 1), (0, 1), (17, 5), (0, 20), (70, 1)], (4, 1, 16), torch.float16, "cpu", seed=2)
