@@ -24,7 +24,11 @@ from engine.attention.triton_decode import DecodeTiles
 
 BATCH, CONTEXT = 64, 4096
 KV_DTYPE = torch.float8_e4m3fn
-TILES = [DecodeTiles(n, w, s) for n, w, s in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
+TILES = [
+    *(DecodeTiles(n, w, s) for n, w, s in itertools.product((64, 128, 256), (4, 8), (2, 3))),
+    DecodeTiles(64, 4, 4),
+    DecodeTiles(128, 4, 4),
+]
 PROGRAMS_PER_SM = (2, 4, 8)
 
 
