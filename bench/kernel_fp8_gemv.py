@@ -1,17 +1,20 @@
 """FP8 linear kernels (`engine.layers.triton_fp8_linear`) per Qwen3-8B projection shape.
 
 - Batch 1: the FP8 GEMV with its default tiles and a sweep of others, as weight bytes / time against the copy
-  bandwidth, beside the bf16 Triton GEMV on the same shape.
+  bandwidth, beside the bf16 Triton GEMV on the same shape. The sweep runs in two rounds: every tile shape with
+  4 stages, then the 3 fastest with 1-3 stages. `--write-table` writes each shape's fastest tiles into
+  engine/layers/fp8_gemv_tiles.json (the table the kernel reads), a copy to --out.
 - Prefill (2048 rows): the activation quantizer, `torch._scaled_mm` and the bf16 `F.linear`, as TFLOP/s.
 All timed as CUDA-graph replays (as the engine's decode steps run), so launch overhead does not count: each graph
 holds one call per weight copy, the copies rotating past the L2.
 
-python3 bench/kernel_fp8_gemv.py --out $OUT     (writes bench_fp8_gemv.json; GPU only)
+python3 bench/kernel_fp8_gemv.py --out $OUT [--write-table]     (writes bench_fp8_gemv.json; GPU only)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -25,19 +28,28 @@ import triton
 
 from bench.limits import measure_limits
 from engine.layers.quant.fp8 import quantize_fp8_rows
-from engine.layers.triton_fp8_linear import Fp8GemvTiles, default_tiles, fp8_gemv, fp8_linear, quantize_rows
+from engine.layers.triton_fp8_linear import (
+    TILES_PATH,
+    TUNED_TILES,
+    Fp8GemvTiles,
+    default_tiles,
+    fp8_gemv,
+    fp8_linear,
+    quantize_rows,
+    tiles_json,
+)
 from engine.layers.triton_gemv import linear
 
 W = TypeVar("W")
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
-# NOTE: block_k 2048 never won on H100 (run 1); the unrolled K loop and a single stage are what is new to learn.
+# NOTE: tiles from 8 values per thread (no replicated loads) to 128 float32 partial sums per thread (no spills).
 SWEEP = [
-    *(Fp8GemvTiles(n, k, w, unroll=u) for n, k, w, u in itertools.product((8, 16), (512, 1024), (4, 8), (1, 2, 4))),
-    *(Fp8GemvTiles(4, 1024, 4, unroll=u) for u in (1, 2, 4)),
-    Fp8GemvTiles(16, 512, 8, num_stages=1),
-    Fp8GemvTiles(8, 1024, 4, num_stages=1),
+    Fp8GemvTiles(n, k, w, unroll=u)
+    for n, k, w, u in itertools.product((4, 8, 16, 32), (256, 512, 1024, 2048), (4, 8), (1, 4))
+    if 256 * w <= n * k <= 4096 * w
 ]
+STAGES_SWEEP = (1, 2, 3)
 PREFILL_ROWS = 2048
 
 
@@ -49,7 +61,7 @@ def time_graph_us(fn: Callable[[W], object], weights: Sequence[W]) -> float:
     with torch.cuda.graph(graph):
         for weight in weights:
             fn(weight)
-    return float(triton.testing.do_bench(graph.replay, warmup=25, rep=50, return_mode="median")) * 1e3 / len(weights)
+    return float(triton.testing.do_bench(graph.replay, warmup=10, rep=25, return_mode="median")) * 1e3 / len(weights)
 
 
 def _run(x: torch.Tensor, tiles: Fp8GemvTiles | None, weight: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -68,18 +80,41 @@ def bench_shape(n: int, k: int, copy_gb_s: float) -> dict[str, Any]:
     del bf16
     timings: dict[str, float] = {}
     errors: dict[str, str] = {}
+    sweep: dict[str, Fp8GemvTiles | None] = {}
     for tiles in [None, *SWEEP]:
-        if tiles is not None and (n % tiles.block_n or k % tiles.block_k):
-            continue
-        name = "default" if tiles is None else str(tiles)
-        try:
-            timings[name] = round(time_graph_us(functools.partial(_run, x, tiles), weights), 2)
-        except Exception as error:  # a tile shape that does not fit is recorded; the sweep goes on
-            errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
+        _time_tiles(x, weights, tiles, sweep, timings, errors)
+    fastest = sorted((name for name in timings if name != "default"), key=timings.__getitem__)[:3]
+    for name in fastest:
+        base = sweep[name]
+        for stages in STAGES_SWEEP:
+            if base is not None:
+                _time_tiles(x, weights, dataclasses.replace(base, num_stages=stages), sweep, timings, errors)
     best = min(timings, key=timings.__getitem__)
     row |= {"fp8_us": timings["default"], "fp8_pct_of_copy": 100 * gigabytes / timings["default"] * 1e6 / copy_gb_s}
-    row |= {"best": best, "best_us": timings[best], "sweep_us": timings, "sweep_errors": errors}
+    best_pct = 100 * gigabytes / timings[best] * 1e6 / copy_gb_s
+    row |= {"best": best, "best_us": timings[best], "best_pct_of_copy": best_pct}
+    row |= {"best_tiles": sweep[best] or default_tiles(n, k), "sweep_us": timings, "sweep_errors": errors}
     return row
+
+
+def _time_tiles(
+    x: torch.Tensor,
+    weights: list[tuple[torch.Tensor, torch.Tensor]],
+    tiles: Fp8GemvTiles | None,
+    sweep: dict[str, Fp8GemvTiles | None],
+    timings: dict[str, float],
+    errors: dict[str, str],
+) -> None:
+    """Times one tile shape (None: the default) into timings, or its error into errors; skips a non-dividing one."""
+    n, k = weights[0][0].shape
+    if tiles is not None and (n % tiles.block_n or k % tiles.block_k):
+        return
+    name = "default" if tiles is None else str(tiles)
+    sweep[name] = tiles
+    try:
+        timings[name] = round(time_graph_us(functools.partial(_run, x, tiles), weights), 2)
+    except Exception as error:  # a tile shape that does not fit is recorded; the sweep goes on
+        errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
 
 
 def bench_prefill(n: int, k: int) -> dict[str, float]:
@@ -99,6 +134,7 @@ def bench_prefill(n: int, k: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--write-table", action="store_true", help="write the fastest tiles into the kernel's table")
     args = parser.parse_args()
     limits = measure_limits(torch.bfloat16)
     rows: dict[str, Any] = {}
@@ -106,9 +142,14 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         rows[name] = bench_shape(n, k, limits.copy_bandwidth_gb_s)
         rows[name]["prefill"] = bench_prefill(n, k)
-        print(name, json.dumps({key: v for key, v in rows[name].items() if not key.startswith("sweep")}), flush=True)
+        shown = {key: v for key, v in rows[name].items() if not key.startswith("sweep")}
+        print(name, json.dumps(shown, default=str), flush=True)
         # NOTE: rewritten after every shape, so a run cut short keeps the shapes it finished.
-        (args.out / "bench_fp8_gemv.json").write_text(json.dumps(result, indent=1))
+        (args.out / "bench_fp8_gemv.json").write_text(json.dumps(result, indent=1, default=str))
+        if args.write_table:
+            table = TUNED_TILES | {(row["n"], row["k"]): row["best_tiles"] for row in rows.values()}
+            TILES_PATH.write_text(tiles_json(table) + "\n")
+            (args.out / TILES_PATH.name).write_text(tiles_json(table) + "\n")
 
 
 if __name__ == "__main__":

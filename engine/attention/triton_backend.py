@@ -7,13 +7,13 @@ import functools
 import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.decode_tuning import PROGRAMS_PER_SM, decode_launch
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
 
 # NOTE: splitting stops once a partition would hold fewer tokens than this; each split costs a partial write.
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 2
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -30,20 +30,22 @@ class TritonAttentionBackend(AttentionBackend):
         num_reqs, max_query_len = metadata.num_reqs, metadata.max_query_len
         # NOTE: every request has max_query_len > 1 tokens when they add up to num_reqs * max_query_len.
         if max_query_len == 1 or query.shape[0] != num_reqs * max_query_len:
-            num_splits = num_kv_splits(num_reqs * kv_cache.shape[3], metadata.max_seq_len, _num_sms(query.device))
-            decode_attention(*args, self.scale, num_splits)
+            launch = decode_launch(str(kv_cache.dtype).removeprefix("torch."))
+            num_programs, num_sms = num_reqs * kv_cache.shape[3], _num_sms(query.device)
+            num_splits = num_kv_splits(num_programs, metadata.max_seq_len, num_sms, launch.programs_per_sm)
+            decode_attention(*args, self.scale, num_splits, launch.tiles)
         if max_query_len > 1:
             prefill_attention(*args, self.scale)
         return output
 
 
-def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
+def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int, programs_per_sm: int = PROGRAMS_PER_SM) -> int:
     """How many partitions each decode context is cut into so that the decode kernel fills the GPU.
 
     Depends only on the batch's (request, KV head) count and max_seq_len (a bound): the kernel is correct
     for any count, so a CUDA graph captured with one stays right for other context lengths.
     """
-    wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_programs, 1))
+    wanted = -(-programs_per_sm * num_sms // max(num_programs, 1))
     by_length = -(-max_seq_len // MIN_SPLIT_TOKENS)
     return max(1, min(wanted, by_length, MAX_SPLITS))
 

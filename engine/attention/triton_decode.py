@@ -38,14 +38,52 @@ def kv_to_query_dtype(x, scale, like, KV_FP8: tl.constexpr):
     return y
 
 
+@triton.jit
+def fp8_to_f16(x):
+    """float8_e4m3fn -> float16, 4 values per instance (two cvt.rn.f16x2.e4m3x2). Inline assembly, so the compiler
+    cannot move the conversion behind the tile's shuffle into the dot operand layout: it then shuffles 16-bit
+    values (ldmatrix) instead of reading shared memory byte by byte."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r",
+        [x.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def to_compute_dtype(q, KV_FP8: tl.constexpr):
+    """The query in the dots' dtype: float16 over an fp8 pool (fp8 converts to float16 in one instruction per two
+    values, to bfloat16 in three), else as it is."""
+    if KV_FP8:  # noqa: SIM108 (one return: see kv_to_query_dtype)
+        y = q.to(tl.float16)
+    else:
+        y = q
+    return y
+
+
+@triton.jit
+def kv_tile(x, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
+    """A loaded K or V tile in the dots' dtype (float16 for an fp8 pool; its scales are applied outside the loop)."""
+    if KV_FP8 and FP8_ASM:
+        y = fp8_to_f16(x)
+    elif KV_FP8:
+        y = x.to(tl.float16)
+    else:
+        y = x
+    return y
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, k_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
+    qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
     stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -63,6 +101,7 @@ def _decode_kernel(
     g_mask = g < GROUP
     heads = kv_head * GROUP + g
     q = tl.load(q_ptr + q_start * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g_mask[:, None], other=0.0)
+    q = to_compute_dtype(q, KV_FP8)
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
@@ -72,18 +111,25 @@ def _decode_kernel(
         n_mask = n < hi
         block = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
         rows = cache_ptr + block * stride_cb + (n % PAGE) * stride_ct + kv_head * stride_ch
-        k_t = tl.load(rows[None, :] + d[:, None], mask=n_mask[None, :], other=0.0)
-        k_t = kv_to_query_dtype(k_t, k_scale, q, KV_FP8)
+        # NOTE: whole tiles go to the dots' dtype with no scale (a no-op on a pool in the query's dtype): the fp8
+        # pool's k_scale is inside qk_scale and its v_scale multiplies the sums once, after the loop.
+        k_t = kv_tile(tl.load(rows[None, :] + d[:, None], mask=n_mask[None, :], other=0.0), KV_FP8, FP8_ASM)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(rows[:, None] + stride_ckv + d[None, :], mask=n_mask[:, None], other=0.0)
-        v = kv_to_query_dtype(v, v_scale, q, KV_FP8)
+        if KV_FP8:
+            # NOTE: loaded as V^T, converted, then transposed in registers: the compiler then shuffles V into the dot
+            # operand layout as float16 (ldmatrix) instead of reading fp8 bytes one at a time from shared memory.
+            v_t = tl.load(rows[None, :] + stride_ckv + d[:, None], mask=n_mask[None, :], other=0.0)
+            v = tl.trans(kv_tile(v_t, KV_FP8, FP8_ASM))
+        else:
+            v = tl.load(rows[:, None] + stride_ckv + d[None, :], mask=n_mask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    acc = acc * v_scale
 
     if not SPLIT:
         out = acc / l_i[:, None]
@@ -160,8 +206,7 @@ def decode_attention(
         query_start_loc,
         seq_lens,
         block_table,
-        scale * 1.4426950408889634,
-        kv_scales[0],
+        scale * 1.4426950408889634 * kv_scales[0],
         kv_scales[1],
         query.stride(0),
         query.stride(1),
@@ -180,8 +225,10 @@ def decode_attention(
         PAGE=kv_cache.shape[2],
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+        # NOTE: Triton's interpreter (CPU tests) runs no inline assembly: there the same conversion is a plain cast.
+        FP8_ASM=kv_cache.is_cuda,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -24,6 +26,7 @@ from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 _BLOCK_KS = (1024, 512, 256, 128, 64)
 QUANT_BLOCK = 1024
+ONE_PASS_MAX = 16384
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,15 +44,16 @@ class Fp8GemvTiles:
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, X_VEC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    # NOTE: the weight read X_VEC bytes per thread (x's values per 16-byte load) and x as a [BLOCK_N, BLOCK_K] tile
+    # NOTE: the weight read VEC bytes per thread (x's values per 16-byte load) and x as a [BLOCK_N, BLOCK_K] tile
     # (its row again for every weight row, from L1) give both loads one register layout. Else (16-byte fp8 loads
-    # beside a 1-D x) each step converted a layout through shared memory: 2-4 barriers per step in the PTX.
-    w_cols = tl.max_contiguous(tl.multiple_of(cols, X_VEC), X_VEC)
+    # beside a 1-D x, or VEC = 16 with bf16 x: 32 bytes of x per thread) each step converted a layout through
+    # shared memory: 2-4 barriers per step in the PTX.
+    w_cols = tl.max_contiguous(tl.multiple_of(cols, VEC), VEC)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + w_cols[None, :]
     x_ptrs = x_ptr + cols[None, :] + 0 * rows[:, None]
     for _ in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
@@ -64,21 +68,28 @@ def _fp8_gemv_kernel(
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-                          BLOCK: tl.constexpr):  # fmt: skip
-    # Two passes over one row: its absmax, then the row divided by absmax / FP8_MAX, saturated, rounded to fp8.
+                          BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):  # fmt: skip
+    # One row: its absmax, then the row divided by absmax / FP8_MAX, saturated, rounded to fp8. ONE_PASS (the row
+    # fits one BLOCK): x is read once and kept in registers; else it is read twice, BLOCK columns at a time.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_x
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, K, BLOCK):
-        x = tl.load(x_row + start + cols, mask=start + cols < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
-    for start in range(0, K, BLOCK):
-        mask = start + cols < K
-        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+    if ONE_PASS:
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, MIN_SCALE)
         q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            x = tl.load(x_row + start + cols, mask=start + cols < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+        for start in range(0, K, BLOCK):
+            mask = start + cols < K
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+            tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
 
 
@@ -90,20 +101,36 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    # NOTE: a row up to ONE_PASS_MAX wide is read once (the prefill chunk's x is twice the L2 for `down`'s input,
+    # so a second pass re-reads HBM), at most 32 values per thread.
+    one_pass = k <= ONE_PASS_MAX
+    block = triton.next_power_of_2(k) if one_pass else QUANT_BLOCK
     if m:
-        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE,
-                                    BLOCK=min(QUANT_BLOCK, triton.next_power_of_2(k)), num_warps=4)  # fmt: skip
+        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block,
+                                    ONE_PASS=one_pass, num_warps=min(16, max(4, block // 512)))  # fmt: skip
     return q, scale
 
 
-# NOTE: the fastest tiles per weight [N, K] of the Qwen3-8B projections in bench/kernel_fp8_gemv.py's sweep (H100,
-# weights rotating past the L2); other shapes take `default_tiles`' rule.
-TUNED_TILES = {
-    (6144, 4096): Fp8GemvTiles(16, 512, num_warps=8),
-    (4096, 4096): Fp8GemvTiles(8, 1024, num_warps=8),
-    (24576, 4096): Fp8GemvTiles(16, 512, num_warps=8),
-    (4096, 12288): Fp8GemvTiles(8, 1024, num_warps=4),
-}
+TILES_PATH = Path(__file__).with_name("fp8_gemv_tiles.json")
+
+
+def load_tiles(path: Path) -> dict[tuple[int, int], Fp8GemvTiles]:
+    """A tile table: {"NxK": {Fp8GemvTiles' fields}}; a missing file is an empty table."""
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    return {tuple(map(int, shape.split("x"))): Fp8GemvTiles(**fields) for shape, fields in table.items()}  # type: ignore[misc]
+
+
+def tiles_json(table: dict[tuple[int, int], Fp8GemvTiles]) -> str:
+    """`load_tiles`' format."""
+    return json.dumps({f"{n}x{k}": asdict(tiles) for (n, k), tiles in table.items()}, indent=1)
+
+
+# NOTE: the fastest tiles per weight [N, K] of the Qwen3-8B projections, written by bench/tune_fp8.py's sweep on
+# the GPU (weights rotating past the L2, CUDA-graph replays); other shapes take `default_tiles`' rule.
+TUNED_TILES = load_tiles(TILES_PATH)
 
 
 def default_tiles(n: int, k: int) -> Fp8GemvTiles | None:
@@ -137,7 +164,7 @@ def fp8_gemv(
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(n // tiles.block_n,)](
         x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, X_VEC=16 // x.element_size(), num_warps=tiles.num_warps,
+        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

@@ -85,11 +85,13 @@ def check_fp8_kv_attention(requests: list[tuple[int, int]], heads: tuple[int, in
     reference = TorchAttentionBackend(BLOCK_SIZE, scale).forward(
         batch.query.double(), dequantized(kv_cache, KV_SCALES), m
     )
-    output = torch.empty_like(batch.query)
-    args = (batch.query, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, output, scale)
-    decode_attention(*args, num_splits=3, kv_scales=KV_SCALES)
-    prefill_attention(*args, kv_scales=KV_SCALES)
-    assert_close_per_request(output, reference, m.query_start_loc_cpu, 2e-2 if dtype == torch.bfloat16 else 5e-3)
+    for num_splits in (1, 3):
+        output = torch.empty_like(batch.query)
+        args = (batch.query, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, output, scale)
+        decode_attention(*args, num_splits=num_splits, kv_scales=KV_SCALES)
+        prefill_attention(*args, kv_scales=KV_SCALES)
+        tolerance = 2e-2 if dtype == torch.bfloat16 else 5e-3
+        assert_close_per_request(output, reference, m.query_start_loc_cpu, tolerance)
 
 
 def check_fp8_cache_store(dtype: torch.dtype, device: str, seed: int) -> None:
@@ -116,4 +118,5 @@ def run_interpreted_checks() -> None:
     check_fp8_gemv(16, 1024, torch.float32, "cpu", seed=0, bias=True)
     check_fp8_gemv(8, 192, torch.float16, "cpu", seed=1, bias=False)
     check_quantize_rows(5, 1500, torch.float16, "cpu", seed=3, check_values=False)
+    check_quantize_rows(2, 16400, torch.float16, "cpu", seed=4, check_values=False)
     check_fp8_kv_attention([(40, 1), (0, 1), (17, 5), (0, 20), (70, 1)], (4, 1, 16), torch.float16, "cpu", seed=2)

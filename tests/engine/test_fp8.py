@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import InvalidArgumentError
+from engine.attention.decode_tuning import DecodeLaunch, decode_launch
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.layers.linear import Linear, StackedLinear
 from engine.layers.quant import registry
@@ -25,6 +26,7 @@ from engine.layers.quant.fp8 import (
     quantize_fp8_rows,
 )
 from engine.layers.quant.registry import resolve_kv_cache_dtype, resolve_quant_method
+from engine.layers.triton_fp8_linear import TUNED_TILES, Fp8GemvTiles, default_tiles, load_tiles, tiles_json
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.arch_config import ArchConfig
@@ -223,3 +225,16 @@ def test_kv_layouts_with_other_scales_are_refused_and_scales_travel() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests/engine/test_fp8_gpu.py runs the compiled kernels")
 def test_fp8_kernels_in_triton_interpreter() -> None:
     run_interpreted("tests.engine.fp8_checks", "run_interpreted_checks")
+
+
+def test_tuned_tables_read_back_and_fit_their_shapes(tmp_path: Path) -> None:
+    """The committed tables (written on the GPU) parse, every GEMV entry tiles its shape whole, and a table written
+    by the tuner reads back equal; a dtype the decode table does not name takes the bf16 kernel's settings."""
+    for (n, k), tiles in TUNED_TILES.items():
+        assert n % tiles.block_n == 0 and k % tiles.block_k == 0 and default_tiles(n, k) == tiles
+    table = {(48, 384): Fp8GemvTiles(16, 128, num_warps=8, num_stages=2, unroll=4)}
+    (tmp_path / "tiles.json").write_text(tiles_json(table))
+    assert load_tiles(tmp_path / "tiles.json") == table and load_tiles(tmp_path / "missing.json") == {}
+    fp8 = decode_launch("float8_e4m3fn")
+    assert fp8.tiles.block_n % 16 == 0 and fp8.programs_per_sm >= 1
+    assert decode_launch("no-such-dtype") == DecodeLaunch()

@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 
 from engine.attention.triton_decode import _decode_kernel
 from engine.attention.triton_prefill import _prefill_kernel
-from engine.layers.triton_fp8_linear import TUNED_TILES, _fp8_gemv_kernel
+from engine.layers.triton_fp8_linear import _fp8_gemv_kernel, default_tiles
 from engine.layers.triton_rope import _qk_norm_rope_store_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -44,7 +44,11 @@ def compile_for_hopper(kernel: Any, constexprs: dict[str, Any], num_warps: int =
 
 def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
     head = {"HEAD_DIM": 128, "PAGE": 16, "DOT_PRECISION": "tf32", "KV_FP8": True}
-    compile_for_hopper(_decode_kernel, {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": 64, "SPLIT": True, **head})
+    for block_n in (64, 256):
+        decode = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "SPLIT": True, "FP8_ASM": True, **head}
+        ptx = compile_for_hopper(_decode_kernel, decode)
+        # NOTE: V's fp8 -> float16 conversion comes before its shuffle into the dot operand layout (no byte loads).
+        assert "cvt.rn.f16x2.e4m3x2" in ptx and "ld.shared.b8" not in ptx and "ld.shared.u8" not in ptx
     prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_M": 64, "BLOCK_Q": 16, "BLOCK_N": 64, **head}
     compile_for_hopper(_prefill_kernel, prefill)
     rope = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "BLOCK_HQ": 32, "BLOCK_HKV": 8, "HEAD_DIM": 128, "PAGE": 16}
@@ -52,8 +56,9 @@ def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
 
 
 def test_fp8_gemv_k_loop_has_no_barrier() -> None:
-    tiles = TUNED_TILES[(24576, 4096)]
-    constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "X_VEC": 8}
+    tiles = default_tiles(24576, 4096)
+    assert tiles is not None
+    constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "VEC": 8}
     ptx = compile_for_hopper(_fp8_gemv_kernel, constexprs, tiles.num_warps)
     loop = ptx[ptx.index("Inner Loop Header") :]
     loop = loop[: loop.index("bra")]
