@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-PLOT_W, PLOT_H, MARGIN_L, MARGIN_T, MARGIN_B, LEGEND_W = 400, 260, 55, 35, 55, 170
+PLOT_W, PLOT_H, MARGIN_L, MARGIN_T, MARGIN_B, LEGEND_W = 400, 260, 55, 50, 55, 170
+TITLE = "W10: speculation at controlled acceptance"
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 BOUNDS = ((0.35, "0.35: acceptance 1.0, batch 1"), (1.05, "1.05: acceptance 0.0, batch 1"))
 """Issue 13's limits on the TPOT ratio: the value and its label."""
@@ -83,13 +84,15 @@ def _curve(points: list[Point], label: str, colour: str, index: int, y_top: floa
     return parts
 
 
-def render(curves: dict[str, list[Point]], title: str, note: str) -> str:
-    """The whole SVG: `title` on top, the axes and bounds, one curve per entry, `note` at the bottom."""
+def render(curves: dict[str, list[Point]], subtitle: str, note: str) -> str:
+    """The whole SVG: a title and `subtitle` on top, the axes and bounds, one curve per entry, `note` at the
+    bottom."""
     y_top = max(1.2, *(r for points in curves.values() for _, r, _ in points)) * 1.1
     width, height = MARGIN_L + PLOT_W + LEGEND_W, MARGIN_T + PLOT_H + MARGIN_B
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
              '<rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{MARGIN_L}" y="20" font-size="13" font-weight="bold">{escape(title)}</text>',
+             f'<text x="{MARGIN_L}" y="18" font-size="13" font-weight="bold">{TITLE}</text>',
+             f'<text x="{MARGIN_L}" y="34" font-size="11">{escape(subtitle)}</text>',
              *_axes(y_top)]  # fmt: skip
     for index, (label, points) in enumerate(curves.items()):
         parts += _curve(points, label, COLOURS[index % len(COLOURS)], index, y_top)
@@ -105,9 +108,11 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a line under the plot (e.g. the device, command and date)")
     args = parser.parse_args()
     result = json.loads(args.json.read_text())
-    title = f"W10 controlled acceptance: {result['model']}, {result['dtype']}, {result['workload']}"
+    subtitle = (
+        f"{result.get('device_name', result['device'])}, {result['model']}, {result['dtype']}, {result['workload']}"
+    )
     curves = curves_of(result, [int(b) for b in args.batch_sizes.split(",")])
-    args.svg.write_text(render(curves, title, args.note))
+    args.svg.write_text(render(curves, subtitle, args.note))
 
 
 if __name__ == "__main__":

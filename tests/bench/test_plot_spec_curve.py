@@ -21,6 +21,8 @@ RESULT = {
     "workload": "w10 spec 128/128",
     "model": "shape:qwen3-8b",
     "dtype": "bfloat16",
+    "device": "cuda:0",
+    "device_name": "NVIDIA H100 80GB HBM3",
     "rows": [
         _row(1, 1.0, 0.25),
         _row(1, 0.0, 1.0),
@@ -53,12 +55,12 @@ def test_the_svg_draws_the_curves_and_the_bounds(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "scripts" / "plot_spec_curve.py"), str(tmp_path / "w10.json")]
     subprocess.run([*command, str(tmp_path / "w10.svg"), "--note", "H100, 2026-11-24"], check=True)
     svg = (tmp_path / "w10.svg").read_text()
-    assert svg.startswith('<svg xmlns="http://www.w3.org/2000/svg" width="625" height="350"')
-    # y: ratio 0..1.32 (1.2 x 1.1) over 260 px at y 35..295; x: acceptance 0..1 over 400 px from x 55.
+    assert svg.startswith('<svg xmlns="http://www.w3.org/2000/svg" width="625" height="365"')
+    # y: ratio 0..1.32 (1.2 x 1.1) over 260 px at y 50..310; x: acceptance 0..1 over 400 px from x 55.
     lines = re.findall(r'<polyline points="([^"]+)" fill="none" stroke="(#[0-9a-f]+)"', svg)
-    assert lines == [("55.0,98.0 255.0,176.8 455.0,245.8", "#1f77b4"), ("55.0,100.0 455.0,196.5", "#d62728")]
+    assert lines == [("55.0,113.0 255.0,191.8 455.0,260.8", "#1f77b4"), ("55.0,115.0 455.0,211.5", "#d62728")]
     bounds = re.findall(r'<line x1="55" y1="([0-9.]+)" x2="455" y2="\1"', svg)
-    assert bounds == ["226.1", "88.2"]
-    assert '<circle cx="455.0" cy="196.5" r="3.5" fill="white" stroke="#d62728"/>' in svg
+    assert bounds == ["241.1", "103.2"]
+    assert '<circle cx="455.0" cy="211.5" r="3.5" fill="white" stroke="#d62728"/>' in svg
     assert svg.count('fill="white" stroke=') == 1
-    assert "shape:qwen3-8b, bfloat16, w10 spec 128/128" in svg and "H100, 2026-11-24" in svg
+    assert "NVIDIA H100 80GB HBM3, shape:qwen3-8b, bfloat16, w10 spec 128/128" in svg and "H100, 2026-11-24" in svg
