@@ -2,10 +2,14 @@
 
 Two modes:
 - controlled acceptance (default; GPU, e.g. `--model-shape qwen3-8b`): random prompts decoded greedily without
-  speculation at each batch size, their outputs recorded, then decoded again with the replay proposer at each
-  `--spec-acceptance` (the fraction of proposed tokens left uncorrupted) and `--spec-k`. One row per batch size
-  and acceptance: TPOT off and on, their ratio, output tok/s, the engine's SpecStats, and whether the tokens were
-  the recorded ones. The engine's own adaptive switch stays on (its defaults), as a user would run it.
+  speculation at each batch size (the off figures, and each batch's first recording), then with the replay proposer
+  at each `--spec-k` and, per batch size, each `--spec-acceptance` (the fraction of proposed tokens left
+  uncorrupted) in turn. Each level replays the speculating engine's own greedy output until it reproduces it
+  (`engine.spec.replay.replay_until_reproduced`: in bf16 a verify step rounds differently from a one-token step, so
+  the output without speculation stops being a recording the engine follows), starting from the previous level's
+  recording; the last round is the one timed. One row per batch size and acceptance: TPOT off and on, their ratio,
+  output tok/s, the engine's SpecStats, the rounds, and whether the timed round's tokens were its recording. The
+  engine's own adaptive switch stays on (its defaults), as a user would run it.
 - real acceptance (`--spec-tasks DIR`; CPU): n-gram speculation on a real model over copy-heavy task sets
   (bench.spec_study), with the implied batch-1 speedup when `--step-ms DECODE,VERIFY` gives the GPU's step times.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +32,16 @@ from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import SHAPE_PREFIX
-from engine.spec.replay import ReplayProposer
+from engine.spec.replay import ReplayProposer, replay_until_reproduced
 from engine.spec.stats import SpecStats
 
 WORKLOADS = ("w10",)
 Batches = dict[int, list[list[int]]]
 """Batch size -> one token id list per request (prompts, or outputs)."""
 Figures = dict[int, dict[str, float]]
+MAX_REPLAY_ROUNDS = 16
+"""Rounds of replay per batch size and acceptance, at most (scripts/gpu/spec.sh on an H100, Qwen3-8B shape, bf16,
+batch 1, 256 output tokens: up to 9)."""
 
 
 def _floats(text: str) -> list[float]:
@@ -136,44 +144,67 @@ def _run_off(args: argparse.Namespace, output_len: int, result: dict[str, Any]) 
 
 
 def _controlled(args: argparse.Namespace) -> dict[str, Any]:
-    """The controlled-acceptance rows (module docstring), for every batch size, k and acceptance."""
+    """The controlled-acceptance rows (module docstring), for every k, batch size and acceptance."""
     output_len = args.output_len or 256
     result: dict[str, Any] = {"workload": f"w10 spec {args.input_len}/{output_len}"}
-    prompts, recorded, off_figures = _run_off(args, output_len, result)
-    recordings = {tuple(p): out for b in prompts for p, out in zip(prompts[b], recorded[b], strict=True)}
+    prompts, recorded_off, off_figures = _run_off(args, output_len, result)
+    result["max_replay_rounds"] = MAX_REPLAY_ROUNDS
     rows = []
     for k in args.spec_k:
         on = _engine(args, {"method": "replay", "num_speculative_tokens": k})
-        on.set_replay_recordings(recordings)
-        for batch, acceptance in ((b, a) for b in args.batch_sizes for a in args.spec_acceptance):
-            _set_acceptance(on, acceptance)
-            _warm_up(on, prompts[batch])
-            before = on.spec_stats
-            outputs, run = _timed_decode(on, prompts[batch], output_len)
-            rows.append(_row(batch, k, acceptance, off_figures[batch], run.summary(), before, on))
-            rows[-1] |= _step_times(rows[-1], batch * (output_len - 1))
-            rows[-1]["same_tokens"] = outputs == recorded[batch]
+        for batch, batch_prompts in prompts.items():
+            recording = recorded_off[batch]
+            for acceptance in args.spec_acceptance:
+                _set_acceptance(on, acceptance)
+                on.set_replay_recordings(dict(zip(map(tuple, batch_prompts), recording, strict=True)))
+                _warm_up(on, batch_prompts)
+                replayed = decode_replayed(on, batch_prompts, recording, output_len)
+                recording = replayed.outputs
+                rows.append(_row(batch, k, acceptance, off_figures[batch], replayed))
+                rows[-1] |= _step_times(rows[-1], batch * (output_len - 1))
         del on
         gc.collect()
         torch.cuda.empty_cache()
     return result | {"rows": rows}
 
 
-def _row(
-    batch: int,
-    k: int,
-    acceptance: float,
-    off: dict[str, float],
-    on: dict[str, float],
-    before: SpecStats,
-    engine: LLMEngine,
-) -> dict[str, Any]:
-    after = engine.spec_stats
-    stats = SpecStats().plus(
-        after.draft_tokens - before.draft_tokens,
-        after.accepted_tokens - before.accepted_tokens,
-        after.verify_steps - before.verify_steps,
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The timed (last) round of a replay: its outputs, run figures and speculation counts, the rounds it took,
+    and whether its outputs equal the recording it replayed."""
+
+    outputs: list[list[int]]
+    figures: dict[str, float]
+    stats: SpecStats
+    rounds: int
+    same_tokens: bool
+
+
+def decode_replayed(
+    engine: LLMEngine, prompts: list[list[int]], recording: list[list[int]], max_tokens: int
+) -> Replayed:
+    """The prompts decoded with the replay proposer until their outputs reproduce the recording they replayed,
+    from `recording` on (engine.spec.replay.replay_until_reproduced)."""
+
+    def decode() -> tuple[list[list[int]], tuple[list[list[int]], dict[str, float], SpecStats]]:
+        before = engine.spec_stats
+        outputs, run = _timed_decode(engine, prompts, max_tokens)
+        after = engine.spec_stats
+        stats = SpecStats(
+            after.draft_tokens - before.draft_tokens,
+            after.accepted_tokens - before.accepted_tokens,
+            after.verify_steps - before.verify_steps,
+        )
+        return outputs, (outputs, run.summary(), stats)
+
+    (outputs, figures, stats), rounds, same = replay_until_reproduced(
+        engine.set_replay_recordings, prompts, recording, decode, MAX_REPLAY_ROUNDS
     )
+    return Replayed(outputs, figures, stats, rounds, same)
+
+
+def _row(batch: int, k: int, acceptance: float, off: dict[str, float], replayed: Replayed) -> dict[str, Any]:
+    on, stats = replayed.figures, replayed.stats
     return {
         "batch": batch,
         "k": k,
@@ -189,6 +220,8 @@ def _row(
         "verify_steps": stats.verify_steps,
         "acceptance_rate": stats.acceptance_rate,
         "mean_accepted_length": stats.mean_accepted_length,
+        "rounds": replayed.rounds,
+        "same_tokens": replayed.same_tokens,
     }
 
 

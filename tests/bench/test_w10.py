@@ -1,5 +1,6 @@
-"""`pdserve bench --workload w10` on the CPU: flag parsing, the controlled-acceptance mode on a tiny random shape,
-and the real-acceptance mode on a tiny random model with SmolLM2's tokenizer, checked against the engine."""
+"""`pdserve bench --workload w10` on the CPU: flag parsing, the controlled-acceptance mode on a tiny random shape
+(and its replay rounds from a recording the engine does not reproduce), and the real-acceptance mode on a tiny random
+model with SmolLM2's tokenizer, checked against the engine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench.__main__ import parse_args
+from bench.spec_study import decode_greedy
+from bench.w10 import decode_replayed
 from cli.main import main as pdserve_main
+from common.sampling_params import SamplingParams
+from engine.llm import engine_config
+from engine.llm_engine import LLMEngine
 
 
 def test_w10_flags_parse() -> None:
@@ -33,7 +39,7 @@ def test_w10_controlled_acceptance_on_tiny_shape(tmp_path: Path) -> None:
     args += ["--spec-acceptance", "1.0,0.0", "--spec-k", "2", "--input-len", "16", "--output-len", "12"]
     assert pdserve_main([*args, "--num-blocks", "64", "--json", str(out)]) == 0
     full, none = json.loads(out.read_text())["rows"]
-    assert all(row["same_tokens"] and row["batch"] == 2 for row in (full, none))
+    assert all(row["same_tokens"] and row["rounds"] == 1 and row["batch"] == 2 for row in (full, none))
     # Per request 11 tokens after the first: steps of 2 accepted + 1 (three times), then 1 + 1 (k capped at the
     # one token left after the step's own): 7 drafts over 4 verify steps, all accepted.
     assert (full["draft_tokens"], full["accepted_tokens"], full["verify_steps"]) == (14, 14, 8)
@@ -41,6 +47,19 @@ def test_w10_controlled_acceptance_on_tiny_shape(tmp_path: Path) -> None:
     assert full["tokens_per_step"] == 22 / 8 and full["step_on_ms"] == pytest.approx(full["tpot_on_ms"] * 22 / 8)
     assert none["accepted_tokens"] == 0 and none["draft_tokens"] > 0
     assert none["tpot_off_ms"] == full["tpot_off_ms"] > 0
+
+
+def test_replay_rounds_from_a_recording_the_engine_does_not_reproduce() -> None:
+    spec = {"method": "replay", "num_speculative_tokens": 2}
+    engine = LLMEngine(engine_config("shape:tiny-qwen3", load_format="dummy", num_blocks=64, speculative_config=spec))
+    prompts = [list(range(3, 19)), list(range(40, 56))]
+    greedy = decode_greedy(engine, prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    wrong = [[*tokens[:5], (tokens[5] + 1) % engine.info.vocab_size, *tokens[6:]] for tokens in greedy]
+    replayed = decode_replayed(engine, prompts, wrong, 12)
+    # Round 1 follows the wrong recording up to its 6th token and emits the greedy tokens; round 2 replays those.
+    assert (replayed.rounds, replayed.same_tokens, replayed.outputs) == (2, True, greedy)
+    assert (replayed.stats.draft_tokens, replayed.stats.accepted_tokens, replayed.stats.verify_steps) == (14, 14, 8)
+    assert replayed.figures["requests"] == 2
 
 
 def _tiny_model_with_smollm2_tokenizer(smollm2_path: Path, folder: Path) -> Path:
