@@ -88,7 +88,8 @@ def test_kernels_in_triton_interpreter() -> None:
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=[f"{n}x{k}" for n, k in GPU_SHAPES])
 @pytest.mark.parametrize("act_order", [False, True], ids=["in-order", "act-order"])
 def test_int4_kernels_on_gpu(shape: tuple[int, int], act_order: bool) -> None:
-    """bf16 at the 8B projection shapes, each row count on the kernel the tuned table (or heuristic) picks; fp16 twice."""
+    """bf16 at the 8B projection shapes, each row count on the kernel the tuned table (or heuristic) picks; fp16
+    twice."""
     case = random_case(*shape, act_order, "cuda", seed=shape[0] + shape[1])
     for rows in (1, 2, 4, 5, 8, 16, 40, 64, 300):
         check_int4_linear(case, rows, torch.bfloat16, bias=rows == 5, seed=rows)
