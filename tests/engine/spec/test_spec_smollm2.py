@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.spec_acceptance import load_task_set
 from engine import LLM, SamplingParams
 
 PROMPTS = [
@@ -23,8 +24,8 @@ def llms(smollm2_path: Path) -> Iterator[tuple[LLM, LLM]]:
     # NOTE: one thread: on the shared 2-core test machine torch's spinning thread pool runs many times slower.
     num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    off = LLM(str(smollm2_path), num_blocks=256, max_model_len=512)
-    on = LLM(str(smollm2_path), num_blocks=256, max_model_len=512, speculative_config=NGRAM)
+    off = LLM(str(smollm2_path), num_blocks=512, max_model_len=512)
+    on = LLM(str(smollm2_path), num_blocks=512, max_model_len=512, speculative_config=NGRAM)
     yield off, on
     torch.set_num_threads(num_threads)
 
@@ -56,3 +57,19 @@ def test_n2_seeded_sampling_equals_without_speculation(llms: tuple[LLM, LLM]) ->
         assert [c.token_ids for c in have.outputs] == [c.token_ids for c in want.outputs]
         for want_c, have_c in zip(want.outputs, have.outputs, strict=True):
             assert have_c.logprobs == pytest.approx(want_c.logprobs, abs=1e-4)
+
+
+def test_sixteen_copy_heavy_prompts_equal_without_speculation(llms: tuple[LLM, LLM]) -> None:
+    """Greedy, 16 prompts of mixed lengths from the W10 task sets (code edits, quoting summaries, extraction) plus the
+    two above, batched: token for token the same, proposals accepted, the block pool free afterwards."""
+    off, on = llms
+    tasks = Path(__file__).resolve().parents[3] / "bench" / "spec_tasks"
+    prompts = PROMPTS + [p for name in ("code_edit", "quote_summary", "extraction") for p in
+                         load_task_set(tasks / f"{name}.txt")[:5]][:14]  # fmt: skip
+    assert len(prompts) == 16
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    before = on.engine.spec_stats.accepted_tokens
+    got = [o.outputs[0].token_ids for o in on.generate(prompts, greedy, use_tqdm=False)]
+    assert got == [o.outputs[0].token_ids for o in off.generate(prompts, greedy, use_tqdm=False)]
+    assert on.engine.spec_stats.accepted_tokens > before
+    assert on.engine.kv_cache_manager.num_free_blocks == on.engine.runner.num_blocks
