@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.spec.proposer import Proposer
+from engine.spec.stats import SpecStats
 
 TASK_SEPARATOR = "%%%"
 """A line holding only this separates the prompts of a task file; the text before the first one describes it."""
@@ -32,12 +33,16 @@ class AcceptanceCounts:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return self._spec_stats().acceptance_rate
 
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per verify step (accepted + the target's own), as `SpecStats` defines it."""
-        return 1.0 + self.accepted_tokens / self.verify_steps if self.verify_steps else 0.0
+        return self._spec_stats().mean_accepted_length
+
+    def _spec_stats(self) -> SpecStats:
+        """The engine's counters these counts stand for (SpecStats defines the derived figures once)."""
+        return SpecStats(self.draft_tokens, self.accepted_tokens, self.verify_steps)
 
     @property
     def tokens_per_step(self) -> float:
