@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S
 from tests.faults.support import STREAM_TIMEOUT_S
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 POD_ARGS = ("--num-blocks", "1024")
 """The overload pods' flags after the e2e pods' (short engine steps, so that a cancel takes effect within a second)."""
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
@@ -93,10 +91,6 @@ def closed_loop(
 
 
 def _client_pool(num_processes: int) -> ProcessPoolExecutor:
-    # NOTE: a spawned child starts from the parent's sys.path and imports this module by name; under pytest's
-    # importlib mode the repository root is not on sys.path unless the caller put it there (PYTHONPATH).
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
     return ProcessPoolExecutor(num_processes, mp_context=multiprocessing.get_context("spawn"))
 
 
