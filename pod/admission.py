@@ -9,6 +9,8 @@ Lifecycle of one request through an `Admission`:
 2. `start(ticket)` when the request leaves the queue (a prefill pod computed its first token, a decode pod's
    reservation was claimed by Decode, the router got its first token): its prompt tokens count as drained.
 3. `finish(ticket)` when it ends, however (starting it first if it never was).
+A service that refuses before it knows the prompt (the router's door) may `hold` a place in the queue for a call it
+lets in, until the call is admitted (`release_hold` first) or ends: a held place counts as a waiting request.
 A prompt longer than the token limit is still admitted when nothing waits, so that no prompt is refused forever.
 Everything runs on one event loop: no locks.
 """
@@ -64,6 +66,7 @@ class Admission:
         self.limits = limits
         self._clock = clock
         self._num_waiting = 0
+        self._num_held = 0
         self._num_queued_tokens = 0
         self._streams: Counter[str] = Counter()
         self._drained: deque[tuple[float, int]] = deque()  # (when, prompt tokens) of recent starts
@@ -79,13 +82,34 @@ class Admission:
     def num_streams(self, client_id: str) -> int:
         return self._streams[client_id]
 
-    def check(self, client_id: str | None, num_prompt_tokens: int = 0, limits: AdmissionLimits | None = None) -> None:
+    @property
+    def num_held(self) -> int:
+        return self._num_held
+
+    def check(
+        self,
+        client_id: str | None,
+        num_prompt_tokens: int = 0,
+        limits: AdmissionLimits | None = None,
+        holds_place: bool = False,
+    ) -> None:
         """Raise ResourceExhaustedError if `admit` would now (e.g. before the prompt is tokenized: 0 tokens, so
         only a queue already over its token limit refuses; `client_id` None: any client, its limit unchecked);
-        `limits` overrides the service's own for this call."""
-        reason = self._over_limit(client_id, num_prompt_tokens, limits or self.limits)
+        `limits` overrides the service's own for this call; `holds_place`: the caller holds one of the held places,
+        which its own check does not count."""
+        reason = self._over_limit(client_id, num_prompt_tokens, limits or self.limits, self._num_held - holds_place)
         if reason is not None:
             raise ResourceExhaustedError(f"overloaded: {reason}", retry_after_s=self.retry_after_s(limits))
+
+    def hold(self, limits: AdmissionLimits | None = None) -> None:
+        """Hold a place in the queue for a call whose prompt is not known yet, or raise ResourceExhaustedError as
+        `check` does for any client."""
+        self.check(None, 0, limits)
+        self._num_held += 1
+
+    def release_hold(self) -> None:
+        """Give a place `hold` took back (its call was admitted, or ended before)."""
+        self._num_held -= 1
 
     def admit(self, client_id: str, num_prompt_tokens: int, limits: AdmissionLimits | None = None) -> Ticket:
         """Count the request in, or raise ResourceExhaustedError (see the module docstring)."""
@@ -130,9 +154,12 @@ class Admission:
         drain_s = self._num_queued_tokens * span_s / max(num_tokens, 1)
         return min(max(drain_s, limits.min_retry_s), limits.max_retry_s)
 
-    def _over_limit(self, client_id: str | None, num_prompt_tokens: int, limits: AdmissionLimits) -> str | None:
-        if limits.max_waiting_requests and self._num_waiting >= limits.max_waiting_requests:
-            return f"{self._num_waiting} requests waiting (limit {limits.max_waiting_requests})"
+    def _over_limit(
+        self, client_id: str | None, num_prompt_tokens: int, limits: AdmissionLimits, num_held: int
+    ) -> str | None:
+        num_waiting = self._num_waiting + num_held
+        if limits.max_waiting_requests and num_waiting >= limits.max_waiting_requests:
+            return f"{num_waiting} requests waiting (limit {limits.max_waiting_requests})"
         queued = self._num_queued_tokens + num_prompt_tokens
         if limits.max_queued_prompt_tokens and self._num_waiting and queued > limits.max_queued_prompt_tokens:
             return f"{queued} prompt tokens would wait (limit {limits.max_queued_prompt_tokens})"

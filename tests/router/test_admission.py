@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import ResourceExhaustedError, UnavailableError
 from pod.admission import AdmissionLimits
-from router.admission import DRAIN_RETRY_S, RouterAdmission, client_id
+from router.admission import DOOR_PASS, DRAIN_RETRY_S, RouterAdmission, client_id
 from router.config import RouterConfig
 
 
@@ -69,17 +69,44 @@ def test_the_door_is_closed_while_draining_or_full_and_the_client_limit_needs_a_
     config = RouterConfig(max_waiting_requests_per_prefill_pod=2, max_streams_per_client=1, max_retry_s=2.0)
     admission = RouterAdmission(config, lambda: 1, lambda: draining[0])
     ticket = admission.admission.admit("alice", 10, admission.limits())
-    admission.check_open()
+    admission.enter().release()
     admission.check("bob")
     with pytest.raises(ResourceExhaustedError, match="client 'alice' has 1 streams open"):
         admission.check("alice")
     admission.admission.admit("bob", 10, admission.limits())
     with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
-        admission.check_open()
+        admission.enter()
     admission.admission.finish(ticket)
     draining[0] = True
     with pytest.raises(UnavailableError, match="draining") as refused:
-        admission.check_open()
+        admission.enter()
     assert refused.value.retry_after_s == DRAIN_RETRY_S
     with pytest.raises(UnavailableError):
         admission.check("carol")
+
+
+def test_door_passes_fill_the_queue_until_their_calls_are_admitted_or_end() -> None:
+    async def main() -> None:
+        admission = RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=2), lambda: 1)
+        first, second = admission.enter(), admission.enter()
+        assert (admission.admission.num_held, admission.admission.num_waiting) == (2, 0)
+        with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
+            admission.enter()
+        with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
+            admission.check("http-client")  # a call without a pass (the HTTP API's) counts every held place
+        DOOR_PASS.set(first)
+        admission.check("alice")  # its own place is not held against it
+        chunks = admission.gate(_chunks(["a"], asyncio.Event()), "alice", 10)
+        waiting = asyncio.create_task(anext(chunks))
+        await asyncio.sleep(0)
+        assert (first.held, admission.admission.num_held, admission.admission.num_waiting) == (False, 1, 1)
+        second.release()
+        second.release()
+        assert admission.admission.num_held == 0
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await chunks.aclose()
+        assert admission.admission.num_waiting == 0
+
+    asyncio.run(main())

@@ -3,6 +3,7 @@ ends at once with its status and RetryInfo, unparsed and unseen by the servicer;
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from common.grpc_errors import ErrorInterceptor, retry_delay_s
 from common.metrics import ServiceMetrics
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from router.admission import DRAIN_RETRY_S, RouterAdmission
+from router.admission import DOOR_PASS, DRAIN_RETRY_S, RouterAdmission
 from router.admission_interceptor import GENERATE_METHOD, AdmissionInterceptor
 from router.config import RouterConfig
 
@@ -77,3 +78,63 @@ async def test_the_door_refuses_while_full_or_draining_and_lets_the_rest_through
         for code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
     }
     assert rejections == {"RESOURCE_EXHAUSTED": 2.0, "UNAVAILABLE": 1.0}
+
+
+class _HoldingServicer(generation_pb2_grpc.GenerationServiceServicer):
+    """Generate sends one response, records whether its call holds a door pass, then waits for `release`."""
+
+    def __init__(self) -> None:
+        self.held: list[bool] = []
+        self.release = asyncio.Event()
+
+    async def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> AsyncIterator[Any]:
+        door_pass = DOOR_PASS.get()
+        self.held.append(door_pass is not None and door_pass.held)
+        yield generation_pb2.GenerateResponse(request_id=request.request_id)
+        await self.release.wait()
+
+
+@pytest.mark.anyio
+async def test_a_call_let_in_holds_its_place_until_it_ends_however_it_ends() -> None:
+    admission = RouterAdmission(
+        RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=MAX_RETRY_S), lambda: 1
+    )
+    servicer = _HoldingServicer()
+    server = grpc.aio.server(
+        interceptors=[AdmissionInterceptor(admission, ServiceMetrics("router")), ErrorInterceptor()]
+    )
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            first = stub.Generate(generation_pb2.GenerateRequest(request_id="a"))
+            assert (await first.read()).request_id == "a"
+            assert (servicer.held, admission.admission.num_held) == ([True], 1)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:  # the queue is full of the first call's place
+                [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="b"))]
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            first.cancel()
+            for _ in range(100):
+                if admission.admission.num_held == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert admission.admission.num_held == 0
+            unparsed = channel.unary_stream(GENERATE_METHOD)(b"\xff\xff")
+            with pytest.raises(grpc.aio.AioRpcError) as invalid:
+                [r async for r in unparsed]
+            assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            no_request = channel.stream_stream(GENERATE_METHOD)(iter([]))  # a raw client that sends no message
+            with pytest.raises(grpc.aio.AioRpcError) as invalid:
+                [r async for r in no_request]
+            assert (invalid.value.code(), invalid.value.details()) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "request: no request message was sent",
+            )
+            assert admission.admission.num_held == 0
+            servicer.release.set()
+            assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))] == ["c"]
+            assert (servicer.held, admission.admission.num_held) == ([True, True], 0)
+    finally:
+        await server.stop(None)
