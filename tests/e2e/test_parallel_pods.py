@@ -1,0 +1,135 @@
+"""Tensor-parallel pods end to end: a TP=2 prefill pod and a TP=2 decode pod (two gloo worker processes each) serve
+through the router token-identically to the colocated one-device engine, their KV shipped rank to rank over tcp;
+the registry and GetServerInfo show their sizes. The fault path (slow): kill -9 one worker of the decode pod that
+streams; the pod leaves routing and its requests migrate to the other TP=2 decode pod.
+
+The model is the random tiny Llama of the parallel engine tests (4 heads, 2 KV heads), with SmolLM2's tokenizer
+files beside it for the router (prompts are token ids below the tiny vocabulary).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.client import GenerationClient
+from cli.cluster import LocalCluster
+from cli.cluster_config import ClusterConfig
+from engine.llm import engine_config
+from engine.llm_engine import LLMEngine
+from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run
+from tests.engine.model_factory import save_tiny_model
+from tests.engine.quant_support import greedy
+from tests.faults.support import (
+    Stream,
+    join_streams,
+    pods_of,
+    random_prompt,
+    seconds_until,
+    start_streams,
+)
+
+NUM_TOKENS = 16
+TP2 = ("--tensor-parallel-size", "2")
+# NOTE: lengths past one 64-token chunk, so the KV of long prompts ships chunk by chunk, rank to rank.
+PROMPTS = [[t % 512 for t in random_prompt(seed, n)] for seed, n in ((1, 5), (2, 40), (3, 150), (4, 90))]
+LONG_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    folder = save_tiny_model("llama", tmp_path_factory.mktemp("tiny-llama"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_path / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterator[LocalCluster]:
+    config = ClusterConfig(
+        num_prefill=1, num_decode=1, port=0, model=str(tiny_llama), registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *TP2), log_dir=tmp_path_factory.mktemp("tp-pods-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
+    )  # fmt: skip
+    with LocalCluster(config) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[GenerationClient]:
+    with GenerationClient(cluster.router_address) as generation_client:
+        yield generation_client
+
+
+@pytest.fixture(scope="module")
+def colocated_engine(tiny_llama: Path) -> LLMEngine:
+    return LLMEngine(engine_config(str(tiny_llama), num_blocks=64))
+
+
+@pytest.fixture(scope="module")
+def colocated(colocated_engine: LLMEngine) -> list[list[int]]:
+    """The one-device engine's greedy outputs over PROMPTS (EOS ignored, as the requests do)."""
+    return greedy(colocated_engine, PROMPTS, NUM_TOKENS)
+
+
+def _request(prompt: list[int], max_tokens: int = NUM_TOKENS) -> dict[str, object]:
+    return {"token_ids": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+def test_tp2_pod_pair_serves_token_identically_to_the_colocated_engine(
+    cluster: LocalCluster, client: GenerationClient, colocated: list[list[int]]
+) -> None:
+    assert [(pod.role, pod.tensor_parallel_size, pod.pipeline_parallel_size) for pod in cluster.pod_infos()] == [
+        ("decode", 2, 1),
+        ("prefill", 2, 1),
+    ]
+    streams = start_streams(client, [_request(prompt) for prompt in PROMPTS])
+    join_streams(streams, timeout_s=300.0)
+    assert [s.error for s in streams] == [None] * len(PROMPTS)
+    assert [s.token_ids for s in streams] == colocated
+    assert all(s.num_attempts == 1 for s in streams)
+
+
+def _worker_pids(pod_pid: int) -> list[int]:
+    """The pod's engine workers: its children that multiprocessing spawned (not its resource tracker)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pod_pid}/task").iterdir():
+        children += [int(pid) for pid in (task / "children").read_text().split()]
+    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    return sorted(pid for pid, cmdline in cmdlines.items() if b"spawn_main" in cmdline)
+
+
+def _busy_decode_pod(cluster: LocalCluster) -> str | None:
+    busy = [pod.pod_id for pod in pods_of(cluster, "decode") if pod.num_running > 0]
+    return busy[0] if len(busy) == 1 else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_killing_one_worker_of_a_tp_decode_pod_takes_it_out_and_its_requests_migrate(
+    cluster: LocalCluster, client: GenerationClient, colocated_engine: LLMEngine, colocated: list[list[int]]
+) -> None:
+    (long_expected,) = greedy(colocated_engine, [PROMPTS[2]], LONG_TOKENS)
+    cluster.add_pod("decode")
+    one = Stream(_request(PROMPTS[2], LONG_TOKENS)).start(client)
+    assert seconds_until(lambda: _busy_decode_pod(cluster) is not None, 60.0) is not None
+    victim = _busy_decode_pod(cluster)
+    assert victim is not None
+    others = start_streams(client, [_request(prompt) for prompt in PROMPTS])
+    assert seconds_until(lambda: len(one.token_ids) >= 4, 60.0) is not None
+    workers = _worker_pids(cluster.pods[victim].pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+
+    assert seconds_until(lambda: victim not in [pod.pod_id for pod in cluster.pod_infos()], 30.0) is not None
+    join_streams([one, *others], timeout_s=300.0)
+    assert [s.error for s in [one, *others]] == [None] * (1 + len(PROMPTS))
+    assert [s.token_ids for s in others] == colocated
+    assert one.num_attempts >= 2 and one.token_ids == long_expected
+    assert cluster.pods[victim].wait_or_kill(30.0) == 1
+    assert run(client, **_request(PROMPTS[0])).token_ids == colocated[0]
