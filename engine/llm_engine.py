@@ -106,9 +106,10 @@ class LLMEngine:
         """Each rank's KV pool in rank order, for the KV transfer backends (a parallel engine's are shared with its
         workers)."""
         tp_size, pp_size = self.config.parallel.tensor_parallel_size, self.config.parallel.pipeline_parallel_size
+        pools = zip(self.executor.kv_pools, self.executor.kv_pool_handles, strict=True)
         return [
-            KVPoolView(pool, self.info.block_size, KVRank.of_world_rank(world_rank, tp_size, pp_size))
-            for world_rank, pool in enumerate(self.executor.kv_pools)
+            KVPoolView(pool, self.info.block_size, KVRank.of_world_rank(world_rank, tp_size, pp_size), handle)
+            for world_rank, (pool, handle) in enumerate(pools)
         ]
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:

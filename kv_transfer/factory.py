@@ -50,10 +50,11 @@ def make_sender(
     _check_pool(backend, view)
     if backend == "in_process":
         return InProcessSender(view.pool, view.block_size, lease_s=lease_s, on_finished=on_finished, rank=view.rank)
+    exported: dict[str, Any] = {"exported_handle": view.ipc_handle} if backend == "cuda_ipc" else {}
     sender = _SOCKET_SENDERS[backend]
     return sender(
         view.pool, view.block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished,
-        ssl_context=ssl_context, rank=view.rank,
+        ssl_context=ssl_context, rank=view.rank, **exported,
     )  # fmt: skip
 
 

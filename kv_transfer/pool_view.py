@@ -6,8 +6,9 @@ tensor- or pipeline-parallel pod ships its KV rank to rank over one transfer per
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kv_transfer.layout import KVRank
 
@@ -23,3 +24,7 @@ class KVPoolView:
     pool: torch.Tensor
     block_size: int
     rank: KVRank = field(default_factory=KVRank)
+    ipc_handle: Mapping[str, Any] | None = None
+    """The pool's CUDA IPC handle (`kv_transfer.cuda_ipc.pool_handle.PoolHandle.to_dict`) as the process that
+    allocated it exported it, where that is another process (a parallel engine's worker); None: this process's own
+    pool, or a host pool."""
