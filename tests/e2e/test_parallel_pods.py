@@ -1,7 +1,8 @@
 """Tensor-parallel pods end to end: a TP=2 prefill pod and a TP=2 decode pod (two gloo worker processes each) serve
 through the router token-identically to the colocated one-device engine, their KV shipped rank to rank over tcp;
-the registry and GetServerInfo show their sizes. The fault path (slow): kill -9 one worker of the decode pod that
-streams; the pod leaves routing and its requests migrate to the other TP=2 decode pod.
+the registry shows their sizes. On two GPUs (gpu marker), the same pair over cuda_ipc and nccl. The fault path
+(slow): kill -9 one worker of the decode pod that streams; the pod leaves routing and its requests migrate to the
+other TP=2 decode pod.
 
 The model is the random tiny Llama of the parallel engine tests (4 heads, 2 KV heads), with SmolLM2's tokenizer
 files beside it for the router (prompts are token ids below the tiny vocabulary).
@@ -28,11 +29,13 @@ from tests.engine.quant_support import greedy
 from tests.faults.support import (
     Stream,
     join_streams,
+    log_errors,
     pods_of,
     random_prompt,
     seconds_until,
     start_streams,
 )
+from tests.kv_transfer.backends import needs_two_gpus
 
 NUM_TOKENS = 16
 TP2 = ("--tensor-parallel-size", "2")
@@ -93,6 +96,29 @@ def test_tp2_pod_pair_serves_token_identically_to_the_colocated_engine(
     assert [s.error for s in streams] == [None] * len(PROMPTS)
     assert [s.token_ids for s in streams] == colocated
     assert all(s.num_attempts == 1 for s in streams)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("backend", ["cuda_ipc", "nccl"])
+def test_tp2_pod_pair_on_two_gpus_ships_kv_rank_to_rank(
+    tmp_path: Path, tiny_llama: Path, backend: str, record_property: pytest.RecordProperty
+) -> None:
+    """`--gpus 0,1`: the prefill pod's rank r runs on GPU r, the decode pod's on GPU 1 - r (its CUDA_VISIBLE_DEVICES
+    is "1,0"), so each rank's transfer crosses GPUs; cuda_ipc reads pools the workers exported."""
+    expected = greedy(LLMEngine(engine_config(str(tiny_llama), dtype="float32", num_blocks=64)), PROMPTS, NUM_TOKENS)
+    config = ClusterConfig(
+        num_prefill=1, num_decode=1, port=0, model=str(tiny_llama), kv_transfer_backend=backend, gpus=("0", "1"),
+        registry_refresh_s=REGISTRY_REFRESH_S, pod_args=(*POD_ARGS, *TP2, "--dtype", "float32"), log_dir=tmp_path,
+        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
+    )  # fmt: skip
+    with LocalCluster(config) as local, GenerationClient(local.router_address) as gpu_client:
+        streams = start_streams(gpu_client, [_request(prompt) for prompt in PROMPTS])
+        join_streams(streams, timeout_s=300.0)
+        errors = log_errors(local)
+    record_property("log_errors", errors)
+    assert [s.error for s in streams] == [None] * len(PROMPTS), errors
+    assert [s.token_ids for s in streams] == expected
 
 
 def _worker_pids(pod_pid: int) -> list[int]:
