@@ -16,6 +16,7 @@ Lifecycle of one transfer between two pods of the same sizes (every backend alik
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TypeVar
@@ -46,23 +47,15 @@ def split_endpoints(endpoint: str, num_ranks: int) -> list[str]:
     return endpoints
 
 
-def _hook_ranks(ends: Sequence[End], attribute: str, join: RankJoin) -> None:
-    for rank, end in enumerate(ends):
-        setattr(end, attribute, _rank_hook(join, rank))
-
-
 def _rank_hook(join: RankJoin, rank: int) -> TransferHook:
     return lambda transfer_id, state: join.end(transfer_id, rank, state)
 
 
 def _rank_layout(theirs: KVLayout, ours: KVLayout) -> KVLayout:
-    """The receiver's layout for our rank, from its rank 0's: the same sizes, dtype and shape of a block but for the
+    """The receiver's layout for our rank, from its rank 0's: the same sizes, dtype and block shape but for the
     rank's place and its stage's layers. NOTE: stages split the layers by the rule both pods share (checked by each
     rank's handshake, which compares the real layouts)."""
-    return KVLayout(
-        theirs.dtype, theirs.block_size, ours.num_layers, theirs.num_kv_heads, theirs.head_dim, theirs.k_scale,
-        theirs.v_scale, ours.tp_rank, theirs.tp_size, ours.pp_rank, theirs.pp_size,
-    )  # fmt: skip
+    return dataclasses.replace(theirs, num_layers=ours.num_layers, tp_rank=ours.tp_rank, pp_rank=ours.pp_rank)
 
 
 class RankedSender(KVSender):
@@ -73,7 +66,8 @@ class RankedSender(KVSender):
         self.layout = self._senders[0].layout
         self.on_finished = on_finished
         self._join = RankJoin(len(self._senders), self._abort_rank, self._report)
-        _hook_ranks(self._senders, "on_finished", self._join)
+        for rank, sender in enumerate(self._senders):
+            sender.on_finished = _rank_hook(self._join, rank)
 
     def send(
         self,
@@ -142,7 +136,8 @@ class RankedReceiver(KVReceiver):
         self.layout = self._receivers[0].layout
         self.on_released = on_released
         self._join = RankJoin(len(self._receivers), self._abort_rank, self._report)
-        _hook_ranks(self._receivers, "on_released", self._join)
+        for rank, receiver in enumerate(self._receivers):
+            receiver.on_released = _rank_hook(self._join, rank)
 
     @property
     def endpoint(self) -> str:
