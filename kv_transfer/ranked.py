@@ -54,7 +54,10 @@ def _rank_hook(join: RankJoin, rank: int) -> TransferHook:
 def _rank_layout(theirs: KVLayout, ours: KVLayout) -> KVLayout:
     """The receiver's layout for our rank, from its rank 0's: the same sizes, dtype and block shape but for the
     rank's place and its stage's layers. NOTE: stages split the layers by the rule both pods share (checked by each
-    rank's handshake, which compares the real layouts)."""
+    rank's handshake, which compares the real layouts). A layout of other sizes is passed on as it is: the rank's own
+    check then fails the transfer, naming the sizes."""
+    if (theirs.tp_size, theirs.pp_size) != (ours.tp_size, ours.pp_size):
+        return theirs
     return dataclasses.replace(theirs, num_layers=ours.num_layers, tp_rank=ours.tp_rank, pp_rank=ours.pp_rank)
 
 

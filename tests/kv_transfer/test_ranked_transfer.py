@@ -109,6 +109,13 @@ def test_a_tp2_sender_meets_a_tp1_receiver_the_transfer_fails_with_the_sizes(
     receiver.expect("t", [0], lease_s=5.0)
     with pytest.raises(InvalidArgumentError, match="names 1 rank receivers, this pod has 2 ranks"):
         sender.send("t", receiver.endpoint, receiver.layout, [1], [0], last=True)
+    # TP=2 x PP=1 to TP=1 x PP=2: as many ranks, other sizes: every rank's transfer fails, the transfer once.
+    pp2 = [backend.receiver(make_pool(4, seed=1), rank=KVRank(0, 1, stage, 2)) for stage in (0, 1)]
+    pp2_receiver = RankedReceiver(pp2)
+    pp2_receiver.expect("p", [0], lease_s=5.0)
+    sender.send("p", pp2_receiver.endpoint, pp2_receiver.layout, [1], [0], last=True)
+    assert sender.wait("p", WAIT_S) is S.FAILED and finished.wait_for(1) == [("p", S.FAILED)]
+    assert "tensor_parallel_size 2 on the prefill pod differs from 1 on the decode pod" in str(sender.stats("p").error)
     one_rank = backend.sender(make_pool(4, seed=2), rank=TP2[0], on_finished=finished)
     one_rank.send("t", receiver.endpoint, receiver.layout, [1], [0], last=True)
     assert one_rank.wait("t", WAIT_S) is S.FAILED
