@@ -49,11 +49,16 @@ class RankJoin:
         # NOTE: ended ids are remembered (bounded) so that a late rank hook or a repeated open cannot revive them.
         self._ended: OrderedDict[str, TransferState] = OrderedDict()
 
-    def open(self, transfer_id: str) -> None:
-        """Track the transfer's ranks (a no-op for a transfer that is live or ended)."""
+    def open(self, transfer_id: str, anew: bool = False) -> bool:
+        """Track the transfer's ranks; False (a no-op) for a live transfer, and for an ended one unless `anew` (a
+        receiver's reservation may reuse the id of one that ended, as its ranks' tables let it)."""
         with self._lock:
-            if transfer_id not in self._live and transfer_id not in self._ended:
-                self._live[transfer_id] = set(range(self._num_ranks))
+            if anew:
+                self._ended.pop(transfer_id, None)
+            if transfer_id in self._live or transfer_id in self._ended:
+                return False
+            self._live[transfer_id] = set(range(self._num_ranks))
+            return True
 
     def discard(self, transfer_id: str) -> None:
         """Forget a transfer that never started (its ranks' later hooks are ignored)."""

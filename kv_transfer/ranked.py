@@ -147,15 +147,17 @@ class RankedReceiver(KVReceiver):
         return join_endpoints([r.endpoint for r in self._receivers])
 
     def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
-        self._join.open(transfer_id)
+        opened = self._join.open(transfer_id, anew=True)
         expected: list[KVReceiver] = []
         try:
             for receiver in self._receivers:
                 receiver.expect(transfer_id, dst_block_ids, lease_s)
                 expected.append(receiver)
         except BaseException:
-            # NOTE: the caller gets the error and keeps its blocks; the ranks reserved so far end unreported.
-            self._join.discard(transfer_id)
+            # NOTE: the caller gets the error and keeps its blocks; the ranks reserved so far end unreported. A live
+            # reservation of the same id (every rank refuses it) stays as it is.
+            if opened:
+                self._join.discard(transfer_id)
             for receiver in expected:
                 receiver.abort(transfer_id)
             raise

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from common.errors import InvalidArgumentError
-from kv_transfer import KVLayout, KVPoolView, LayoutMismatchError, TransferAbortedError, TransferState
+from kv_transfer import (
+    KVLayout,
+    KVPoolView,
+    LayoutMismatchError,
+    TransferAbortedError,
+    TransferState,
+    TransferStateError,
+)
 from kv_transfer.factory import make_pod_receiver, make_pod_sender
 from kv_transfer.layout import KVRank, check_transfer_layouts
 from kv_transfer.ranked import RankedReceiver, RankedSender
@@ -152,3 +159,22 @@ def test_pod_ends_refuse_views_out_of_rank_order() -> None:
     views = [KVPoolView(random_pool(2), BLOCK_SIZE, rank) for rank in reversed(TP2)]
     with pytest.raises(InvalidArgumentError, match=r"rank order, got world ranks \[1, 0\]"):
         make_pod_sender("in_process", views)
+
+
+def test_a_repeated_reservation_is_refused_and_an_ended_id_can_be_reserved_again(released: HookRecorder) -> None:
+    pools = [random_pool(4, seed=rank) for rank in (0, 1)]
+    receiver = make_pod_receiver("in_process", [KVPoolView(p, BLOCK_SIZE, r) for p, r in zip(pools, TP2, strict=True)])
+    receiver.on_released = released
+    try:
+        receiver.expect("t", [0, 1], lease_s=5.0)
+        with pytest.raises(TransferStateError, match="already reserved"):
+            receiver.expect("t", [2], lease_s=5.0)
+        assert receiver.state("t") is S.RESERVED
+        receiver.abort("t")
+        assert released.wait_for(1) == [("t", S.ABORTED)]
+        receiver.expect("t", [2], lease_s=5.0)
+        assert receiver.state("t") is S.RESERVED
+        receiver.abort("t")
+        assert released.wait_for(2) == [("t", S.ABORTED), ("t", S.ABORTED)]
+    finally:
+        receiver.close()
