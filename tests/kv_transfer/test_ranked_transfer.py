@@ -178,3 +178,26 @@ def test_a_repeated_reservation_is_refused_and_an_ended_id_can_be_reserved_again
         assert released.wait_for(2) == [("t", S.ABORTED), ("t", S.ABORTED)]
     finally:
         receiver.close()
+
+
+def test_a_claim_with_one_rank_ended_raises_and_releases_the_blocks_once(
+    finished: HookRecorder, released: HookRecorder
+) -> None:
+    views = [KVPoolView(random_pool(4, seed=seed), BLOCK_SIZE, rank) for seed, rank in enumerate(TP2)]
+    receiver = make_pod_receiver("in_process", views)
+    sender = make_pod_sender("in_process", [KVPoolView(random_pool(4), BLOCK_SIZE, rank) for rank in TP2])
+    receiver.on_released, sender.on_finished = released, finished
+    try:
+        receiver.expect("t", [0, 1], lease_s=5.0)
+        sender.send("t", receiver.endpoint, receiver.layout, [2, 3], [0, 1], last=True)
+        assert receiver.wait("t", WAIT_S) is S.DONE
+        receiver._receivers[1].abort("t")  # rank 1's reservation ends before the claim (as by a lapsed lease)
+        with pytest.raises(TransferAbortedError):
+            receiver.claim("t")
+        assert released.wait_for(1) == [("t", S.ABORTED)]
+        assert finished.wait_for(1) == [("t", S.DONE)]
+        time.sleep(0.1)
+        assert len(released.calls) == 1
+    finally:
+        sender.close()
+        receiver.close()
