@@ -1,8 +1,8 @@
 """Tensor-parallel pods end to end: a TP=2 prefill pod and a TP=2 decode pod (two gloo worker processes each) serve
 through the router token-identically to the colocated one-device engine, their KV shipped rank to rank over tcp;
-the registry shows their sizes. On two GPUs (gpu marker), the same pair over cuda_ipc and nccl. The fault path
-(slow): kill -9 one worker of the decode pod that streams; the pod leaves routing and its requests migrate to the
-other TP=2 decode pod.
+the registry shows their sizes. PP=2 and TP=2 x PP=2 pairs likewise (soak: not in the default run). On two GPUs (gpu
+marker), the TP=2 pair over cuda_ipc and nccl. The fault path (slow): kill -9 one worker of the decode pod that
+streams; the pod leaves routing and its requests migrate to the other TP=2 decode pod.
 
 The model is the random tiny Llama of the parallel engine tests (4 heads, 2 KV heads), with SmolLM2's tokenizer
 files beside it for the router (prompts are token ids below the tiny vocabulary).
@@ -15,6 +15,7 @@ import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,22 +45,39 @@ PROMPTS = [[t % 512 for t in random_prompt(seed, n)] for seed, n in ((1, 5), (2,
 LONG_TOKENS = 200
 
 
+def _tiny_model(name: str, folder: Path, smollm2_path: Path) -> Path:
+    """A random tiny model of `name` (tests.engine.model_factory) with SmolLM2's tokenizer files, for the router."""
+    save_tiny_model(name, folder)
+    for file_name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_path / file_name, folder / file_name)
+    return folder
+
+
+def _pair_config(model: Path, log_dir: Path, *pod_args: str, **options: Any) -> ClusterConfig:
+    """One prefill and one decode pod of `model` with the e2e pods' flags and `pod_args`."""
+    return ClusterConfig(
+        num_prefill=1, num_decode=1, port=0, model=str(model), registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *pod_args), log_dir=log_dir, startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
+        **options,
+    )  # fmt: skip
+
+
+def _serve(cluster: LocalCluster, prompts: list[list[int]]) -> list[Stream]:
+    """Every prompt's greedy stream through the router, run to the end."""
+    with GenerationClient(cluster.router_address) as pair_client:
+        streams = start_streams(pair_client, [_request(prompt) for prompt in prompts])
+        join_streams(streams, timeout_s=300.0)
+    return streams
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
-    folder = save_tiny_model("llama", tmp_path_factory.mktemp("tiny-llama"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(smollm2_path / name, folder / name)
-    return folder
+    return _tiny_model("llama", tmp_path_factory.mktemp("tiny-llama"), smollm2_path)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, model=str(tiny_llama), registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *TP2), log_dir=tmp_path_factory.mktemp("tp-pods-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
-    with LocalCluster(config) as local:
+    with LocalCluster(_pair_config(tiny_llama, tmp_path_factory.mktemp("tp-pods-logs"), *TP2)) as local:
         yield local
 
 
@@ -91,11 +109,26 @@ def test_tp2_pod_pair_serves_token_identically_to_the_colocated_engine(
         ("decode", 2, 1),
         ("prefill", 2, 1),
     ]
-    streams = start_streams(client, [_request(prompt) for prompt in PROMPTS])
-    join_streams(streams, timeout_s=300.0)
+    streams = _serve(cluster, PROMPTS)
     assert [s.error for s in streams] == [None] * len(PROMPTS)
     assert [s.token_ids for s in streams] == colocated
     assert all(s.num_attempts == 1 for s in streams)
+
+
+@pytest.mark.soak  # two more clusters, ~25 s of CPU: not in the default run
+@pytest.mark.parametrize(("arch", "sizes"), [("qwen3", (1, 2)), ("llama", (2, 2))], ids=["pp2-qwen3", "tp2xpp2-llama"])
+def test_pipeline_parallel_pod_pairs_serve_token_identically(
+    tmp_path: Path, smollm2_path: Path, arch: str, sizes: tuple[int, int]
+) -> None:
+    """PP=2 (one layer per stage) and TP=2 x PP=2 (four workers per pod, four transfers per chunk)."""
+    model = _tiny_model(arch, tmp_path / arch, smollm2_path)
+    expected = greedy(LLMEngine(engine_config(str(model), num_blocks=64)), PROMPTS, NUM_TOKENS)
+    flags = ("--tensor-parallel-size", str(sizes[0]), "--pipeline-parallel-size", str(sizes[1]))
+    with LocalCluster(_pair_config(model, tmp_path / "logs", *flags)) as local:
+        assert {(pod.tensor_parallel_size, pod.pipeline_parallel_size) for pod in local.pod_infos()} == {sizes}
+        streams = _serve(local, PROMPTS)
+    assert [s.error for s in streams] == [None] * len(PROMPTS)
+    assert [s.token_ids for s in streams] == expected
 
 
 @pytest.mark.gpu
@@ -107,14 +140,11 @@ def test_tp2_pod_pair_on_two_gpus_ships_kv_rank_to_rank(
     """`--gpus 0,1`: the prefill pod's rank r runs on GPU r, the decode pod's on GPU 1 - r (its CUDA_VISIBLE_DEVICES
     is "1,0"), so each rank's transfer crosses GPUs; cuda_ipc reads pools the workers exported."""
     expected = greedy(LLMEngine(engine_config(str(tiny_llama), dtype="float32", num_blocks=64)), PROMPTS, NUM_TOKENS)
-    config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, model=str(tiny_llama), kv_transfer_backend=backend, gpus=("0", "1"),
-        registry_refresh_s=REGISTRY_REFRESH_S, pod_args=(*POD_ARGS, *TP2, "--dtype", "float32"), log_dir=tmp_path,
-        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
-    with LocalCluster(config) as local, GenerationClient(local.router_address) as gpu_client:
-        streams = start_streams(gpu_client, [_request(prompt) for prompt in PROMPTS])
-        join_streams(streams, timeout_s=300.0)
+    config = _pair_config(
+        tiny_llama, tmp_path, *TP2, "--dtype", "float32", kv_transfer_backend=backend, gpus=("0", "1")
+    )
+    with LocalCluster(config) as local:
+        streams = _serve(local, PROMPTS)
         errors = log_errors(local)
     record_property("log_errors", errors)
     assert [s.error for s in streams] == [None] * len(PROMPTS), errors
