@@ -56,6 +56,9 @@ class PodInfo:
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    tensor_parallel_size: int = 1
+    """Devices each layer of the pod's model is split over; KV moves only between pods of the same sizes."""
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.role not in get_args(PodRole):

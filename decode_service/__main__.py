@@ -19,7 +19,7 @@ from common.tls import kv_server_context
 from decode_service.decode_worker import DecodeWorker
 from decode_service.server import SERVICE_NAME, DecodeServicer
 from engine.llm_engine import LLMEngine
-from kv_transfer.factory import make_receiver
+from kv_transfer.factory import make_pod_receiver
 from pdserve.v1 import decode_pb2_grpc
 from pod.admission import Admission
 from pod.config import KVReceiverConfig, PodConfig, parse_pod_config
@@ -47,11 +47,10 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
 
     @asynccontextmanager
     async def open_worker(engine: LLMEngine, runtime: PodRuntime) -> AsyncIterator[PodWorker]:
-        # NOTE: one rank's pool: a tensor-parallel engine gives one view per rank, and needs a receiver per rank.
-        (view,) = engine.kv_pool_views()
-        receiver = make_receiver(
+        # NOTE: a parallel engine gives one view per rank: one receiver per rank (on --kv-port + rank) takes it.
+        receiver = make_pod_receiver(
             config.transfer.kv_transfer_backend,
-            view,
+            engine.kv_pool_views(),
             config.server.host,
             receiver_config.kv_port,
             advertise_host=config.server.public_host,

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from common.errors import UnavailableError
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import EngineOutput
 
@@ -24,8 +25,9 @@ StepHook = Callable[[LLMEngine, list[EngineOutput]], None]
 UpdateHook = Callable[[LLMEngine], None]
 
 
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error; no request can make progress."""
+class EngineDeadError(UnavailableError):
+    """The engine thread stopped on an error; no request can make progress on this engine. NOTE: UNAVAILABLE at a
+    pod's gRPC boundary, so the router migrates the pod's in-flight requests (the pod leaves routing meanwhile)."""
 
 
 class AsyncEngine:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -32,6 +32,12 @@ class Executor(Protocol):
     @property
     def kv_pools(self) -> list[torch.Tensor]:
         """Each rank's KV pool, in rank order (tensors the engine's process can read and write)."""
+        ...
+
+    @property
+    def kv_pool_handles(self) -> list[dict[str, Any] | None]:
+        """Each rank's pool's CUDA IPC handle as the process that allocated it exported it; None for a pool of the
+        engine's own process or on the CPU (see `kv_transfer.pool_view.KVPoolView.ipc_handle`)."""
         ...
 
     def execute(self, scheduler_output: SchedulerOutput) -> PendingResult:

@@ -25,6 +25,7 @@ from engine.spec.proposer import Proposer
 from engine.spec.replay import ReplayProposer
 from engine.spec.speculator import Speculator
 from engine.spec.stats import SpecStats
+from kv_transfer.layout import KVRank
 from kv_transfer.pool_view import KVPoolView
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,14 @@ class LLMEngine:
         proposer.record(recordings)
 
     def kv_pool_views(self) -> list[KVPoolView]:
-        """Each rank's KV pool, for the KV transfer backends (a parallel engine's are shared with its workers)."""
-        return [KVPoolView(pool, self.info.block_size, rank) for rank, pool in enumerate(self.executor.kv_pools)]
+        """Each rank's KV pool in rank order, for the KV transfer backends (a parallel engine's are shared with its
+        workers)."""
+        tp_size, pp_size = self.config.parallel.tensor_parallel_size, self.config.parallel.pipeline_parallel_size
+        pools = zip(self.executor.kv_pools, self.executor.kv_pool_handles, strict=True)
+        return [
+            KVPoolView(pool, self.info.block_size, KVRank.of_world_rank(world_rank, tp_size, pp_size), handle)
+            for world_rank, (pool, handle) in enumerate(pools)
+        ]
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -150,6 +151,11 @@ class ModelRunner:
     def kv_pools(self) -> list[torch.Tensor]:
         """Each rank's KV pool (this runner's only)."""
         return [self.kv_cache]
+
+    @property
+    def kv_pool_handles(self) -> list[dict[str, Any] | None]:
+        """None: the pool is this process's own."""
+        return [None]
 
     def _num_kv_blocks(self, cache: CacheConfig) -> int:
         if cache.num_blocks is not None:

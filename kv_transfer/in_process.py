@@ -18,7 +18,7 @@ import torch
 
 from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
 from kv_transfer.housekeeper import Housekeeper
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, KVRank, check_transfer_layouts
 from kv_transfer.pool_io import gather_blocks, pool_bytes, write_blocks
 from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 from kv_transfer.send_ledger import SendLedger
@@ -48,8 +48,9 @@ class InProcessReceiver(ReservationReceiver):
         name: str | None = None,
         on_released: TransferHook = ignore_hook,
         reap_interval_s: float = 0.05,
+        rank: KVRank | None = None,
     ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
+        self.layout = KVLayout.from_pool(pool, block_size, rank=rank)
         self.on_released = on_released
         self._rows = pool_bytes(pool)
         self._endpoint = ENDPOINT_PREFIX + (name or uuid.uuid4().hex)
@@ -111,8 +112,9 @@ class InProcessSender(KVSender):
         lease_s: float = 30.0,
         on_finished: TransferHook = ignore_hook,
         reap_interval_s: float = 0.05,
+        rank: KVRank | None = None,
     ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
+        self.layout = KVLayout.from_pool(pool, block_size, rank=rank)
         self.on_finished = on_finished
         self._rows = pool_bytes(pool)
         self._ledger = SendLedger(lease_s, self._post_finished)
@@ -178,7 +180,7 @@ class InProcessSender(KVSender):
         """The receiver at `endpoint`; the first contact with it checks its layout."""
         receiver = _lookup(endpoint)
         if self._peers.get(endpoint) is not receiver:
-            self.layout.check_compatible(receiver.layout)
+            check_transfer_layouts(self.layout, receiver.layout)
             self._peers[endpoint] = receiver
         return receiver
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from common.errors import InvalidArgumentError
 from kv_transfer.base import TransferStats
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, check_transfer_layouts
 from kv_transfer.state import (
     LayoutMismatchError,
     TransferAbortedError,
@@ -90,7 +90,7 @@ class SendLedger:
     def check_layout(self, transfer_id: str, endpoint: str, ours: KVLayout, theirs: KVLayout) -> bool:
         """False, with the transfer failed (LayoutMismatchError), when the receiver's layout differs from ours."""
         try:
-            ours.check_compatible(theirs)
+            check_transfer_layouts(ours, theirs)
         except LayoutMismatchError as error:
             self.fail_new(transfer_id, endpoint, error)
             return False

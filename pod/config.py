@@ -96,7 +96,10 @@ class PodTransferConfig:
 
 @dataclass(frozen=True, slots=True)
 class KVReceiverConfig:
-    kv_port: int = field(default=0, metadata=doc("decode: KV receiver port (0: a free port); it binds --host"))
+    kv_port: int = field(
+        default=0,
+        metadata=doc("decode: KV receiver port (0: a free port); it binds --host; rank r of a parallel pod: port + r"),
+    )
 
     def __post_init__(self) -> None:
         _check_port("kv_port", self.kv_port)
@@ -174,11 +177,4 @@ def parse_pod_config(
         )
     except InvalidArgumentError as exc:
         parser.error(str(exc))
-    if config.engine.parallel.world_size > 1:
-        # NOTE: the KV transfer backends ship one rank's pool; rank-to-rank transfer between parallel pods is not
-        # built yet (docs/parallelism.md), so a parallel pod is refused here rather than failing at start-up.
-        parser.error(
-            "--tensor-parallel-size/--pipeline-parallel-size: pods run on one device for now (parallel "
-            "engines serve offline through LLM(...); KV transfer between parallel pods is not built yet)"
-        )
     return config

@@ -31,6 +31,10 @@ def kv_layout_to_pb(layout: KVLayout) -> kv_transfer_pb2.KVLayout:
         block_nbytes=layout.block_nbytes,
         k_scale=layout.k_scale,
         v_scale=layout.v_scale,
+        tp_rank=layout.tp_rank,
+        tp_size=layout.tp_size,
+        pp_rank=layout.pp_rank,
+        pp_size=layout.pp_size,
     )
 
 
@@ -38,7 +42,9 @@ def kv_layout_from_pb(pb: kv_transfer_pb2.KVLayout, field: str) -> KVLayout:
     """The layout a peer announced; InvalidArgumentError naming `field` if it is not a valid one."""
     try:
         scales = (pb.k_scale if pb.HasField("k_scale") else 1.0, pb.v_scale if pb.HasField("v_scale") else 1.0)
-        layout = KVLayout(pb.dtype, pb.block_size, pb.num_layers, pb.num_kv_heads, pb.head_dim, *scales)
+        # NOTE: a peer from before parallel pods leaves the sizes unset (0): one device, rank 0.
+        ranks = (pb.tp_rank, pb.tp_size or 1, pb.pp_rank, pb.pp_size or 1)
+        layout = KVLayout(pb.dtype, pb.block_size, pb.num_layers, pb.num_kv_heads, pb.head_dim, *scales, *ranks)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{field}.{exc.field}", exc.description) from exc
     if pb.block_nbytes != layout.block_nbytes:

@@ -35,6 +35,7 @@ from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
 from common.tls import ClusterTLSConfig, internal_server_credentials
+from engine.config import ParallelConfig
 from kv_transfer.control.address import format_endpoint
 from pod.config import PodServerConfig, RegistryConfig
 from pod.worker import PodWorker
@@ -60,8 +61,11 @@ class PodRuntime:
         telemetry_config: TelemetryConfig | None = None,
         stopping: asyncio.Event | None = None,
         tls: ClusterTLSConfig | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
+        """`parallel`: the engine's TP/PP sizes, which the registry entry announces (default: one device)."""
         self.role = role
+        self._parallel = parallel or ParallelConfig()
         self._tls = tls or ClusterTLSConfig()
         self.pod_id = registry_config.pod_id or f"{role}-{uuid.uuid4().hex[:8]}"
         self.generation = time.time_ns()
@@ -177,6 +181,8 @@ class PodRuntime:
             num_waiting=load.num_waiting,
             num_free_blocks=load.num_free_blocks,
             num_total_blocks=load.num_total_blocks,
+            tensor_parallel_size=self._parallel.tensor_parallel_size,
+            pipeline_parallel_size=self._parallel.pipeline_parallel_size,
         )
 
     async def _beat(self, quiet: bool) -> bool:

@@ -17,7 +17,7 @@ import grpc.aio
 from common.prefix_directory import PrefixDirectory
 from common.tls import kv_client_context
 from engine.llm_engine import LLMEngine
-from kv_transfer.factory import make_sender
+from kv_transfer.factory import make_pod_sender
 from pdserve.v1 import prefill_pb2_grpc
 from pod.admission import Admission
 from pod.config import PodConfig, parse_pod_config
@@ -46,11 +46,10 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
     @asynccontextmanager
     async def open_worker(engine: LLMEngine, runtime: PodRuntime) -> AsyncIterator[PodWorker]:
         transfer = config.transfer
-        # NOTE: one rank's pool: a tensor-parallel engine gives one view per rank, and needs a sender per rank.
-        (view,) = engine.kv_pool_views()
-        sender = make_sender(
+        # NOTE: a parallel engine gives one view per rank: one sender per rank ships it rank to rank.
+        sender = make_pod_sender(
             transfer.kv_transfer_backend,
-            view,
+            engine.kv_pool_views(),
             lease_s=transfer.kv_lease_s,
             connect_timeout_s=transfer.kv_connect_timeout_s,
             ssl_context=kv_client_context(config.tls),

@@ -8,6 +8,7 @@ from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from kv_transfer.base import KVSender
+from kv_transfer.layout import check_transfer_layouts
 from kv_transfer.state import UnknownTransferError
 from kv_transfer.target import KVTarget
 
@@ -33,7 +34,7 @@ class PrefillChecks:
             raise InvalidArgumentError(
                 "kv_target.backend", f"this pod sends over {self._backend!r}, not {target.backend!r}"
             )
-        self._sender.layout.check_compatible(target.layout)
+        check_transfer_layouts(self._sender.layout, target.layout)
         num_blocks = -(-len(prompt_token_ids) // self._engine.info.block_size)
         if len(target.block_ids) != num_blocks:
             raise InvalidArgumentError(

@@ -39,6 +39,7 @@ from common.telemetry import (
 from router.completion_leg import CompletionLeg, DecodePodFull, LegFailed
 from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
+from router.routing_policy import pairable_prefill_pods, paired_decode_pods
 from router.run_context import PromptPlan, RunContext
 
 logger = logging.getLogger(__name__)
@@ -203,12 +204,16 @@ class CompletionRun:
         return CompletionLeg(self._ctx, self._plan, request_id, leg_input, prefill_pod, decode_pod)
 
     def _pick(self, leg_input: LegInput) -> tuple[PodInfo, PodInfo]:
+        """A prefill pod, then a decode pod of its parallel sizes (KV moves rank to rank). NOTE: where no pair of
+        equal sizes is live, any pair is tried: its prefill pod refuses the KV target, naming both sizes."""
         load = self._ctx.load.get
+        decode_pods = self._eligible("decode")
         prefill_pod = self._ctx.policy.pick_prefill(
-            self._eligible("prefill"), self._plan.routing_key, self._plan.cached_blocks, load
-        )
+            pairable_prefill_pods(self._eligible("prefill"), decode_pods), self._plan.routing_key,
+            self._plan.cached_blocks, load,
+        )  # fmt: skip
         decode_pod = self._ctx.policy.pick_decode(
-            self._eligible("decode"), len(leg_input.token_ids), leg_input.params.max_tokens, load
+            paired_decode_pods(decode_pods, prefill_pod), len(leg_input.token_ids), leg_input.params.max_tokens, load
         )
         return prefill_pod, decode_pod
 

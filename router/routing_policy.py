@@ -12,6 +12,9 @@ Decode: the pod must reserve the prompt's blocks now and grow to the whole reque
 with room for the whole request (prompt + max_tokens) come first, then those with room for the
 prompt, then the rest; within a tier, fewer running requests (a smaller decode batch steps
 faster), then more free blocks, then pod id.
+
+Parallel pods: the prefill pod is picked among those that have a decode pod of their TP/PP sizes
+(`pairable_prefill_pods`), the decode pod among those of the prefill pod's sizes (`paired_decode_pods`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,25 @@ def rendezvous_order(key: bytes, pod_ids: Sequence[str]) -> list[str]:
         return hashlib.blake2b(key + b"\x00" + pod_id.encode(), digest_size=8).digest()
 
     return sorted(pod_ids, key=weight, reverse=True)
+
+
+def parallel_sizes(pod: PodInfo) -> tuple[int, int]:
+    """A pod's (tensor_parallel_size, pipeline_parallel_size): a prefill pod ships KV only to a decode pod of equal
+    sizes."""
+    return pod.tensor_parallel_size, pod.pipeline_parallel_size
+
+
+def pairable_prefill_pods(prefill_pods: Sequence[PodInfo], decode_pods: Sequence[PodInfo]) -> list[PodInfo]:
+    """The prefill pods for which a decode pod of their sizes takes requests; all of them where none has one (the
+    prefill pod then refuses the KV target, naming both sizes)."""
+    sizes = {parallel_sizes(pod) for pod in decode_pods if not pod.draining}
+    return [pod for pod in prefill_pods if parallel_sizes(pod) in sizes] or list(prefill_pods)
+
+
+def paired_decode_pods(decode_pods: Sequence[PodInfo], prefill_pod: PodInfo) -> list[PodInfo]:
+    """The decode pods of `prefill_pod`'s sizes; all of them where none is."""
+    sizes = parallel_sizes(prefill_pod)
+    return [pod for pod in decode_pods if parallel_sizes(pod) == sizes] or list(decode_pods)
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

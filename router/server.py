@@ -127,7 +127,13 @@ def _state(draining: bool) -> generation_pb2.ServerState.ValueType:
 
 def _pod_summary(pod: PodInfo) -> generation_pb2.PodSummary:
     return generation_pb2.PodSummary(
-        pod_id=pod.pod_id, role=pod.role, address=pod.address, generation=pod.generation, draining=pod.draining
+        pod_id=pod.pod_id,
+        role=pod.role,
+        address=pod.address,
+        generation=pod.generation,
+        draining=pod.draining,
+        tensor_parallel_size=pod.tensor_parallel_size,
+        pipeline_parallel_size=pod.pipeline_parallel_size,
     )
 
 

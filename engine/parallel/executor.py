@@ -78,6 +78,7 @@ class ParallelExecutor:
         self.num_blocks = ready.num_blocks
         self.max_model_len = ready.max_model_len
         self.kv_pools = [r.kv_pool for r in readies if isinstance(r, WorkerReady)]
+        self.kv_pool_handles = [r.kv_pool_handle for r in readies if isinstance(r, WorkerReady)]
         logger.info("%d workers ready (TP %d x PP %d)", parallel.world_size, parallel.tensor_parallel_size,
                     parallel.pipeline_parallel_size)  # fmt: skip
 

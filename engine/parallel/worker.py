@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,8 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, resolve_device
 from engine.parallel.communicator import Communicator
 from engine.parallel.rank import ParallelRank
+from kv_transfer.cuda_ipc.pool_handle import PoolHandle
+from kv_transfer.pool_io import pool_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,9 @@ class WorkerReady:
     device: str
     dtype: torch.dtype
     kv_pool: torch.Tensor
+    kv_pool_handle: dict[str, Any] | None
+    """The pool's CUDA IPC handle exported here (None on the CPU): the engine's process maps the pool and cannot
+    export it again, and the cuda_ipc KV sender needs it."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,7 +105,9 @@ def run_worker(world_rank: int, config: EngineConfig, model_path: Path, store: P
     try:
         device = _device(config, world_rank)
         runner = ModelRunner(config, model_path, device, _join(rank, device, store))
-        conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, runner.kv_cache))
+        pool = runner.kv_cache
+        handle = PoolHandle.export(pool_bytes(pool)).to_dict() if pool.is_cuda else None
+        conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, pool, handle))
         _serve(runner, conn, world_rank == output_rank(rank.tp_size, rank.pp_size))
     except Exception:
         logger.exception("worker rank %d failed", world_rank)

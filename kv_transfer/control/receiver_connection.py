@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, discard, encode_error_frame, read_head, read_hello
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, check_transfer_layouts
 from kv_transfer.reservation_table import ReservationTable
 from kv_transfer.state import LayoutMismatchError, ProtocolError, TransferError
 
@@ -72,7 +72,7 @@ class ReceiverConnection:
                 raise ProtocolError(
                     f"this KV receiver runs the {self._plane.backend!r} backend, the sender {hello.backend!r}"
                 )
-            self._layout.check_compatible(hello.layout)
+            check_transfer_layouts(hello.layout, self._layout)
             link = self._plane.accept(hello.plane)
         except LayoutMismatchError as error:
             logger.warning("kv receiver refuses a sender: %s", error)

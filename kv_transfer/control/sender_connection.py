@@ -16,7 +16,7 @@ from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderLink, SenderPlane, Staged
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
 from kv_transfer.control.tls_socket import TLSSocket
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, check_transfer_layouts
 from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import ProtocolError, TransferError, TransportError
 
@@ -141,7 +141,7 @@ class SenderConnection(Generic[Staged]):
         if head.kind is not FrameType.HELLO:
             raise ProtocolError(f"expected HELLO from {self.endpoint}, got {head.kind.name}")
         answer = read_hello(sock, head, lambda: False)
-        self._layout.check_compatible(answer.layout)
+        check_transfer_layouts(self._layout, answer.layout)
         link = self._plane.link(host, answer.plane)
         sock.settimeout(self._io_timeout_s)
         with self._lock:

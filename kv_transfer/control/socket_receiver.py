@@ -24,7 +24,7 @@ from kv_transfer.control.data_plane import ReceiverPlane
 from kv_transfer.control.receiver_connection import ReceiverConnection
 from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.housekeeper import Housekeeper
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, KVRank
 from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,9 @@ class SocketReceiver(ReservationReceiver):
         reap_interval_s: float = 0.05,
         poll_interval_s: float = 0.1,
         ssl_context: ssl.SSLContext | None = None,
+        rank: KVRank | None = None,
     ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
+        self.layout = KVLayout.from_pool(pool, block_size, rank=rank)
         self.on_released = on_released
         self.num_connections_accepted = 0
         self.num_peers_refused = 0

@@ -18,7 +18,7 @@ from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderPlane, Staged
 from kv_transfer.control.sender_connection import Outgoing, OutgoingAbort, OutgoingChunk, SenderConnection
 from kv_transfer.housekeeper import Housekeeper
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, KVRank
 from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import TransferState, TransportError
 
@@ -37,8 +37,9 @@ class SocketSender(KVSender, Generic[Staged]):
         on_finished: TransferHook = ignore_hook,
         reap_interval_s: float = 0.05,
         ssl_context: ssl.SSLContext | None = None,
+        rank: KVRank | None = None,
     ) -> None:
-        self.layout = KVLayout.from_pool(pool, block_size)
+        self.layout = KVLayout.from_pool(pool, block_size, rank=rank)
         self.on_finished = on_finished
         self._num_blocks = pool.shape[0]
         self._lease_s = lease_s

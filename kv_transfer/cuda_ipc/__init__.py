@@ -2,7 +2,9 @@
 
 The control plane is the socket backends' (`kv_transfer.tcp`); only the bytes take another way. Lifecycle:
 1. prefill, once: the sender exports its pool (`PoolHandle`: a CUDA IPC handle of the allocation that holds the pool,
-   and where in it the pool starts) and registers the pool in its own process (`local_pools`).
+   and where in it the pool starts) and registers the pool in its own process (`local_pools`). A parallel engine's
+   pools were mapped from its workers, which cannot be exported again: each worker exports its own pool, and the
+   rank's sender passes that handle on (`KVPoolView.ipc_handle`).
 2. first contact: the sender's HELLO carries the handle; the receiver maps the prefill pool ONCE per sender pool
    (shared by every connection from it) on its own device: a pool on another GPU is then read over NVLink (peer
    access). A sender in the receiver's own process is known by its process id: CUDA cannot open a handle in the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,11 +32,16 @@ class CudaIpcSenderPlane(SenderPlane[MarkedBlocks]):
 
     backend = "cuda_ipc"
 
-    def __init__(self, pool: torch.Tensor) -> None:
+    def __init__(self, pool: torch.Tensor, exported: Mapping[str, Any] | None = None) -> None:
+        """`exported`: the pool's handle as the process that allocated it exported it (a parallel engine's worker):
+        a pool mapped from another process cannot be exported again."""
         rows = pool_bytes(pool)
         self._stream = make_copy_stream(pool.device)
         self._key = uuid.uuid4().hex
-        self._handle = PoolHandle.export(rows).to_dict() if rows.is_cuda else None
+        if exported is not None:
+            self._handle: dict[str, Any] | None = PoolHandle.from_dict(dict(exported)).to_dict()
+        else:
+            self._handle = PoolHandle.export(rows).to_dict() if rows.is_cuda else None
         local_pools.register(self._key, rows)
 
     def hello(self) -> dict[str, Any]:
@@ -53,7 +58,14 @@ class CudaIpcSenderPlane(SenderPlane[MarkedBlocks]):
 
 
 class CudaIpcSender(SocketSender[MarkedBlocks]):
-    """Ships blocks of a GPU `pool` to receivers on this host, which read them straight out of it (see the package)."""
+    """Ships blocks of a GPU `pool` to receivers on this host, which read them straight out of it (see the package).
+    `exported_handle`: see `CudaIpcSenderPlane`; the other arguments are SocketSender's."""
+
+    def __init__(
+        self, pool: torch.Tensor, block_size: int, *, exported_handle: Mapping[str, Any] | None = None, **options: Any
+    ) -> None:
+        self._exported_handle = exported_handle
+        super().__init__(pool, block_size, **options)
 
     def _make_plane(self, pool: torch.Tensor) -> SenderPlane[MarkedBlocks]:
-        return CudaIpcSenderPlane(pool)
+        return CudaIpcSenderPlane(pool, self._exported_handle)

@@ -5,7 +5,7 @@
 #   2. batch-1 decode TPOT, Qwen3-8B shape, bf16 random weights, 128-token prompt, 256 tokens: TP=1 on GPU 0,
 #      then TP=2 on GPUs 0-1, each in its own process                            -> $OUT/tpot_tp{1,2}.json
 #   3. the ratio TP=2 / TP=1 of the median TPOT (acceptance: <= 0.6)            -> $OUT/summary.txt
-# W6 across a TP=2 pod pair is not run: rank-to-rank KV transfer between parallel pods is not built yet.
+# W6 across a TP=2 pod pair (and the parallel pods' GPU tests): scripts/gpu/tppods.sh.
 # Usage (device repo root): source scripts/device_env.sh && bash scripts/gpu/tp.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1

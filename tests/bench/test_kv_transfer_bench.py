@@ -59,3 +59,17 @@ def test_tiny_kv_moves_bit_exact_between_two_processes() -> None:
         assert size["verified"] and size["mismatched_blocks"] == 0
         assert 0 < size["latency_ms_min"] <= size["latency_ms_p50"] <= size["latency_ms_p99"]
         assert size["gb_per_s"] == pytest.approx(size["bytes"] / size["latency_ms_p50"] / 1e6)
+
+
+@pytest.mark.slow  # the sender child's start: ~3 s of CPU
+def test_a_tp2_pod_pair_moves_each_ranks_half_of_the_heads_bit_exact() -> None:
+    flags = "--model-shape tiny-qwen3 --tokens 40 --chunk-tokens 32 --iters 2 --warmup 1 --tensor-parallel-size 2"
+    result = run(_args(*flags.split()))
+
+    assert result["tensor_parallel_size"] == 2
+    (size,) = result["sizes"]
+    # The same KV as with one rank (40 tokens: 3 blocks of 8192 bytes), as two pools of one KV head each.
+    assert (size["num_blocks"], size["num_chunks"], size["bytes"]) == (3, 2, 3 * 8192)
+    assert size["verified"] and size["mismatched_blocks"] == 0
+    with pytest.raises(ValueError, match="num_kv_heads 2 is not divisible by tensor_parallel_size 3"):
+        run(_args(*flags.replace("size 2", "size 3").split()))

@@ -11,6 +11,7 @@ import torch
 
 from kv_transfer import KVPoolView, KVReceiver, KVSender, TransferState, make_receiver, make_sender
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
+from kv_transfer.layout import KVRank
 from tests.kv_transfer.gloo_pair_group import GlooNcclReceiver, GlooNcclSender
 from tests.kv_transfer.pools import BLOCK_SIZE
 
@@ -21,7 +22,8 @@ needs_two_gpus = pytest.mark.skipif(
 
 @dataclass(frozen=True)
 class BackendKind:
-    """How to build one backend's senders and receivers (`pool, **options`), and where their pools live."""
+    """How to build one backend's senders and receivers (`pool, **options`; `rank=KVRank(...)` for a parallel pod's
+    rank), and where their pools live."""
 
     name: str
     make_sender: Callable[..., KVSender]
@@ -33,8 +35,10 @@ class BackendKind:
 def _by_name(name: str, sender_device: str = "cpu", receiver_device: str = "cpu") -> BackendKind:
     return BackendKind(
         name,
-        lambda pool, **options: make_sender(name, KVPoolView(pool, BLOCK_SIZE), **options),
-        lambda pool, **options: make_receiver(name, KVPoolView(pool, BLOCK_SIZE), **options),
+        lambda pool, rank=None, **options: make_sender(name, KVPoolView(pool, BLOCK_SIZE, rank or KVRank()), **options),
+        lambda pool, rank=None, **options: make_receiver(
+            name, KVPoolView(pool, BLOCK_SIZE, rank or KVRank()), **options
+        ),
         sender_device,
         receiver_device,
     )

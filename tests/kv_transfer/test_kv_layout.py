@@ -56,6 +56,10 @@ def test_dict_round_trip_and_validation() -> None:
         "head_dim": 8,
         "k_scale": 1.0,
         "v_scale": 1.0,
+        "tp_rank": 0,
+        "tp_size": 1,
+        "pp_rank": 0,
+        "pp_size": 1,
     }
     assert KVLayout.from_dict(layout.to_dict()) == layout
     with pytest.raises(InvalidArgumentError, match="layout"):

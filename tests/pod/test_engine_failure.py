@@ -1,5 +1,5 @@
 """A pod whose engine fails (e.g. a dead worker process of a parallel engine) stops serving at once, instead of
-staying in routing with an engine that runs no step; parallel pods are refused at the command line for now."""
+staying in routing with an engine that runs no step; parallel pods take their sizes from the command line."""
 
 from __future__ import annotations
 
@@ -39,11 +39,10 @@ def test_stopping_ends_serving_without_failure() -> None:
     assert asyncio.run(scenario()) is False
 
 
-def test_parallel_pods_are_refused_naming_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        parse_pod_config("prefill", ["--tensor-parallel-size", "2"], with_receiver=False, environ={})
-    assert exc.value.code == 2
-    assert "--tensor-parallel-size/--pipeline-parallel-size: pods run on one device" in capsys.readouterr().err
+def test_parallel_pods_take_the_sizes_from_flags_and_variables() -> None:
+    argv = ["--tensor-parallel-size", "2", "--kv-port", "7000"]
+    config = parse_pod_config("decode", argv, with_receiver=True, environ={"PDSERVE_PIPELINE_PARALLEL_SIZE": "3"})
+    assert (config.engine.parallel.tensor_parallel_size, config.engine.parallel.pipeline_parallel_size) == (2, 3)
 
 
 def test_speculation_with_parallel_sizes_is_a_usage_error_naming_the_field(capsys: pytest.CaptureFixture[str]) -> None:

@@ -58,17 +58,26 @@ async def test_bad_input_is_invalid_argument_naming_the_field(tiny_model: Path, 
         await pods.wait_until_idle()
 
 
-async def test_foreign_kv_layout_is_failed_precondition(tiny_model: Path, redis_server: RedisServer) -> None:
+async def test_foreign_kv_layout_or_parallel_sizes_are_failed_precondition(
+    tiny_model: Path, redis_server: RedisServer
+) -> None:
     async with running_pods(tiny_model, redis_server.url) as pods:
         reserve = await pods.reserve(PROMPT, 4)
         request = prefill_pb2.PrefillRequest(
             request_id="r", prompt_token_ids=PROMPT, sampling_params=GREEDY, kv_target=reserve.kv_target
         )
+        tp2 = prefill_pb2.PrefillRequest()
+        tp2.CopyFrom(request)
         request.kv_target.layout.head_dim = 64
         request.kv_target.layout.block_nbytes *= 2
         error = await _prefill_error(pods, request)
         assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "head_dim: 32 vs 64" in (error.details() or "")
+        # A decode pod of another tensor-parallel size: refused before anything moves, naming both sizes.
+        tp2.kv_target.layout.tp_size = 2
+        error = await _prefill_error(pods, tp2)
+        assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "tensor_parallel_size 1 on the prefill pod differs from 2 on the decode pod" in (error.details() or "")
         await pods.release(reserve)
         await pods.wait_until_idle()
 

@@ -17,7 +17,7 @@ from router.server_status import ServerStatus
 
 PODS = [
     PodInfo("decode-0", "decode", "127.0.0.1:2", "m", 7, draining=True, num_running=1, num_free_blocks=10,
-            num_total_blocks=16),
+            num_total_blocks=16, tensor_parallel_size=2),
     PodInfo("prefill-0", "prefill", "127.0.0.1:1", "m", 5, num_waiting=2),
 ]  # fmt: skip
 
@@ -39,8 +39,9 @@ async def test_server_info_and_load() -> None:
                                                   eos_token_ids=[2]),
         roles=["router", "prefill", "decode"],
         pods=[generation_pb2.PodSummary(pod_id="decode-0", role="decode", address="127.0.0.1:2", generation=7,
-                                        draining=True),
-              generation_pb2.PodSummary(pod_id="prefill-0", role="prefill", address="127.0.0.1:1", generation=5)],
+                                        draining=True, tensor_parallel_size=2, pipeline_parallel_size=1),
+              generation_pb2.PodSummary(pod_id="prefill-0", role="prefill", address="127.0.0.1:1", generation=5,
+                                        tensor_parallel_size=1, pipeline_parallel_size=1)],
         num_prefill_pods=1, num_decode_pods=0, tokenizer_pool_size=2, http_port=8000,
     )  # fmt: skip
     load = await servicer.GetLoad(generation_pb2.GetLoadRequest(), context)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 
@@ -11,7 +12,7 @@ from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 from router.config import RoutingConfig
 from router.local_load import LocalLoad, LocalLoads
-from router.routing_policy import RoutingPolicy, rendezvous_order
+from router.routing_policy import RoutingPolicy, pairable_prefill_pods, paired_decode_pods, rendezvous_order
 
 BLOCK_SIZE = 16
 KEY = hashlib.blake2b(b"first block", digest_size=16).digest()
@@ -142,3 +143,16 @@ def test_pod_load_counts_prefill_tokens_and_decodes_while_they_last() -> None:
     assert load.get("d0") == LocalLoad(num_reserved_blocks=7)
     load.on_refresh()
     assert load.get("d0") == LocalLoad()
+
+
+def test_parallel_pods_pair_only_with_pods_of_their_sizes() -> None:
+    tp2 = {"tensor_parallel_size": 2}
+    prefill = [_prefill("p1"), dataclasses.replace(_prefill("p2"), **tp2),
+               dataclasses.replace(_prefill("p3"), pipeline_parallel_size=2)]  # fmt: skip
+    decode = [_decode("d1", 10), dataclasses.replace(_decode("d2", 10), **tp2),
+              dataclasses.replace(_decode("d3", 10, draining=True), pipeline_parallel_size=2)]  # fmt: skip
+    assert [pod.pod_id for pod in pairable_prefill_pods(prefill, decode)] == ["p1", "p2"]
+    assert [pod.pod_id for pod in paired_decode_pods(decode, prefill[1])] == ["d2"]
+    # No pod of equal sizes: every pod stays a candidate (the prefill pod then refuses the target, naming the sizes).
+    assert [pod.pod_id for pod in pairable_prefill_pods(prefill[2:], decode[:2])] == ["p3"]
+    assert [pod.pod_id for pod in paired_decode_pods(decode[:1], prefill[1])] == ["d1"]

@@ -527,6 +527,8 @@ class PodSummary(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _builtins.int
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     """The pod's id."""
     role: _builtins.str
@@ -537,6 +539,10 @@ class PodSummary(_message.Message):
     """Changes when the pod restarts."""
     draining: _builtins.bool
     """True while the pod drains (it takes no new request)."""
+    tensor_parallel_size: _builtins.int
+    """Devices each layer of the pod's model is split over."""
+    pipeline_parallel_size: _builtins.int
+    """Stages the pod's layers are split into."""
     def __init__(
         self,
         *,
@@ -545,10 +551,12 @@ class PodSummary(_message.Message):
         address: _builtins.str = ...,
         generation: _builtins.int = ...,
         draining: _builtins.bool = ...,
+        tensor_parallel_size: _builtins.int = ...,
+        pipeline_parallel_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "draining", b"draining", "generation", b"generation", "pod_id", b"pod_id", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "draining", b"draining", "generation", b"generation", "pipeline_parallel_size", b"pipeline_parallel_size", "pod_id", b"pod_id", "role", b"role", "tensor_parallel_size", b"tensor_parallel_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

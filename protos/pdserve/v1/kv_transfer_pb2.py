@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc3\x01\n\x08KVLayout\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_nbytes\x18\x06 \x01(\x04\x12\x14\n\x07k_scale\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07v_scale\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\n\n\x08_k_scaleB\n\n\x08_v_scale\"\xd6\x01\n\x08KVTarget\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12,\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x1b.pdserve.v1.TransferBackend\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12(\n\x05lease\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\ngeneration\x18\x07 \x01(\x04*\xa8\x01\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_BACKEND_TCP\x10\x01\x12\x1d\n\x19TRANSFER_BACKEND_CUDA_IPC\x10\x02\x12\x19\n\x15TRANSFER_BACKEND_NCCL\x10\x03\x12\x1f\n\x1bTRANSFER_BACKEND_IN_PROCESS\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\"\x87\x02\n\x08KVLayout\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_nbytes\x18\x06 \x01(\x04\x12\x14\n\x07k_scale\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07v_scale\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07tp_rank\x18\t \x01(\r\x12\x0f\n\x07tp_size\x18\n \x01(\r\x12\x0f\n\x07pp_rank\x18\x0b \x01(\r\x12\x0f\n\x07pp_size\x18\x0c \x01(\rB\n\n\x08_k_scaleB\n\n\x08_v_scale\"\xd6\x01\n\x08KVTarget\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12,\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x1b.pdserve.v1.TransferBackend\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12(\n\x05lease\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\ngeneration\x18\x07 \x01(\x04*\xa8\x01\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_BACKEND_TCP\x10\x01\x12\x1d\n\x19TRANSFER_BACKEND_CUDA_IPC\x10\x02\x12\x19\n\x15TRANSFER_BACKEND_NCCL\x10\x03\x12\x1f\n\x1bTRANSFER_BACKEND_IN_PROCESS\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.kv_transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRANSFERBACKEND']._serialized_start=492
-  _globals['_TRANSFERBACKEND']._serialized_end=660
+  _globals['_TRANSFERBACKEND']._serialized_start=560
+  _globals['_TRANSFERBACKEND']._serialized_end=728
   _globals['_KVLAYOUT']._serialized_start=77
-  _globals['_KVLAYOUT']._serialized_end=272
-  _globals['_KVTARGET']._serialized_start=275
-  _globals['_KVTARGET']._serialized_end=489
+  _globals['_KVLAYOUT']._serialized_end=340
+  _globals['_KVTARGET']._serialized_start=343
+  _globals['_KVTARGET']._serialized_end=557
 # @@protoc_insertion_point(module_scope)

@@ -69,6 +69,10 @@ class KVLayout(_message.Message):
     BLOCK_NBYTES_FIELD_NUMBER: _builtins.int
     K_SCALE_FIELD_NUMBER: _builtins.int
     V_SCALE_FIELD_NUMBER: _builtins.int
+    TP_RANK_FIELD_NUMBER: _builtins.int
+    TP_SIZE_FIELD_NUMBER: _builtins.int
+    PP_RANK_FIELD_NUMBER: _builtins.int
+    PP_SIZE_FIELD_NUMBER: _builtins.int
     dtype: _builtins.str
     """Element type, as torch names it without the "torch." prefix (e.g. "bfloat16")."""
     block_size: _builtins.int
@@ -85,6 +89,14 @@ class KVLayout(_message.Message):
     """Per-tensor scale of K: an fp8 pool holds K / k_scale (1 for a pool in the model dtype). Unset reads as 1."""
     v_scale: _builtins.float
     """Per-tensor scale of V: an fp8 pool holds V / v_scale (1 for a pool in the model dtype). Unset reads as 1."""
+    tp_rank: _builtins.int
+    """Tensor-parallel rank whose slice of the KV heads this pool holds (0 for a one-device pod)."""
+    tp_size: _builtins.int
+    """Tensor-parallel size of the pod; unset (0) reads as 1. Pods of other sizes never exchange KV."""
+    pp_rank: _builtins.int
+    """Pipeline stage whose layers this pool holds (0 for a one-device pod); num_layers counts that stage's layers."""
+    pp_size: _builtins.int
+    """Pipeline-parallel size of the pod; unset (0) reads as 1."""
     def __init__(
         self,
         *,
@@ -96,10 +108,14 @@ class KVLayout(_message.Message):
         block_nbytes: _builtins.int = ...,
         k_scale: _builtins.float | None = ...,
         v_scale: _builtins.float | None = ...,
+        tp_rank: _builtins.int = ...,
+        tp_size: _builtins.int = ...,
+        pp_rank: _builtins.int = ...,
+        pp_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale", "_v_scale", b"_v_scale", "k_scale", b"k_scale", "v_scale", b"v_scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale", "_v_scale", b"_v_scale", "block_nbytes", b"block_nbytes", "block_size", b"block_size", "dtype", b"dtype", "head_dim", b"head_dim", "k_scale", b"k_scale", "num_kv_heads", b"num_kv_heads", "num_layers", b"num_layers", "v_scale", b"v_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale", "_v_scale", b"_v_scale", "block_nbytes", b"block_nbytes", "block_size", b"block_size", "dtype", b"dtype", "head_dim", b"head_dim", "k_scale", b"k_scale", "num_kv_heads", b"num_kv_heads", "num_layers", b"num_layers", "pp_rank", b"pp_rank", "pp_size", b"pp_size", "tp_rank", b"tp_rank", "tp_size", b"tp_size", "v_scale", b"v_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__k_scale: _TypeAlias = _typing.Literal["k_scale"]  # noqa: Y015
     _WhichOneofArgType__k_scale: _TypeAlias = _typing.Literal["_k_scale", b"_k_scale"]  # noqa: Y015
@@ -130,7 +146,9 @@ class KVTarget(_message.Message):
     backend: Global___TransferBackend.ValueType
     """Backend the decode pod's receiver speaks."""
     endpoint: _builtins.str
-    """Address of the decode pod's KV receiver ("host:port" for TRANSFER_BACKEND_TCP)."""
+    """Address of the decode pod's KV receiver ("host:port" for TRANSFER_BACKEND_TCP). A parallel pod has one receiver
+    per rank: their addresses in rank order (pp_rank * tp_size + tp_rank), joined by ",".
+    """
     generation: _builtins.int
     """Generation of the decode pod that reserved the blocks (the one its registry entry carries); 0: not known.
     A reference made under another generation than the pod's listed one is stale and never used.
@@ -141,7 +159,7 @@ class KVTarget(_message.Message):
 
     @_builtins.property
     def layout(self) -> Global___KVLayout:
-        """Layout of the decode pod's KV pool; the sender's must match it."""
+        """Layout of the decode pod's KV pool (of its rank 0, for a parallel pod); the sender's must match it."""
 
     @_builtins.property
     def lease(self) -> _duration_pb2.Duration:

@@ -17,6 +17,7 @@ from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.parallel.executor import ParallelExecutor, WorkerDiedError
+from kv_transfer.layout import KVRank
 from tests.engine.model_factory import NEW_TOKENS, make_prompts, save_tiny_model
 from tests.engine.quant_support import greedy
 
@@ -61,7 +62,7 @@ def test_tensor_parallel_llama_matches_one_device_and_dies_cleanly(
         assert greedy(engine, make_prompts(512), NEW_TOKENS) == expected
         # Each rank's pool holds its one of the two KV heads, and the engine reads what the workers wrote.
         views = engine.kv_pool_views()
-        assert [(view.rank, view.pool.shape[4]) for view in views] == [(0, 1), (1, 1)]
+        assert [(view.rank, view.pool.shape[4]) for view in views] == [(KVRank(0, 2), 1), (KVRank(1, 2), 1)]
         assert all(view.pool.abs().sum() > 0 for view in views)
         os.kill(executor.processes[1].pid or 0, signal.SIGKILL)
         engine.add_request("after-kill", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
