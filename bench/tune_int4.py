@@ -1,5 +1,6 @@
 """The int4 kernels' sweep (GPU only): for each Qwen3-8B projection shape and row bucket, time every candidate
-config (engine.layers.quant.triton_int4: GEMV tiles x split-K, GEMM tiles, dequantize + cuBLAS) as CUDA-graph
+config (engine.layers.quant.triton_int4: GEMV tiles x split-K x float32 or packed half-precision math (HALF2),
+GEMM tiles, dequantize + cuBLAS) as CUDA-graph
 replays over rotating weights (past the L2), drop any whose output is off by more than 1e-2 (relative norm against
 float32), and write the fastest per (N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
 
@@ -34,8 +35,10 @@ ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2
 GEMV_TILES = [(4, 8, 4), (8, 2, 4), (8, 4, 4), (8, 8, 8), (16, 2, 4), (16, 4, 4), (16, 4, 8), (16, 8, 8),
               (32, 2, 4), (32, 4, 8), (64, 2, 8)]  # fmt: skip
-GEMV = [Int4Config("gemv", {"BLOCK_N": bn, "GROUPS": g, "SPLIT_K": s, "num_warps": w, "num_stages": 2})
-        for bn, g, w in GEMV_TILES for s in (1, 2, 4, 8)]  # fmt: skip
+# NOTE: HALF2 first: the packed half-precision GEMV is the likely winner, so a sweep cut short by its budget has
+# timed it on every shape.
+GEMV = [Int4Config("gemv", {"BLOCK_N": bn, "GROUPS": g, "SPLIT_K": s, "HALF2": h, "num_warps": w, "num_stages": 2})
+        for h in (1, 0) for bn, g, w in GEMV_TILES for s in (1, 2, 4, 8)]  # fmt: skip
 GEMM_TILES = {
     "small": [(16, 32, 1, 4, 3), (16, 64, 1, 4, 3), (16, 64, 2, 4, 3), (16, 128, 1, 4, 3), (16, 128, 1, 8, 4)],
     "mid": [(32, 64, 1, 4, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (64, 64, 2, 4, 3), (64, 128, 1, 8, 4)],

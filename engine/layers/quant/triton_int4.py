@@ -11,6 +11,13 @@
   the programs write float32 partial sums that `_splitk_reduce_kernel` adds up (atomic-free, deterministic).
   A nibble becomes a float without an int->float conversion: the bits `(word & 0xF << 4p) | 0x4B000000` are the
   float 2^23 + q*16^p, so a weight costs one LOP3, one FADD and one FFMA.
+  With HALF2 (bf16/fp16 activations; a tuning knob) two nibbles become two half-precision values per 32-bit op
+  instead: `(word >> 4j & 0x000F000F) | magic` is the pair (m + q_j, m + q_j+4) in x's dtype (m = 128 in bf16,
+  1024 in fp16), one packed FMA by 1 minus (m + zero, m + zero) leaves q - zero exactly, and one packed FMA adds
+  its product with x's pair (channels 16j + w and 16j + w + 64) to a packed sum of the word's 8 products, which
+  is widened to float32 once per word (scaled there by the group's scale). Per 8 weights: 3 shifts, 4 LOP3,
+  8 packed FMAs and the widening, against 24 float ops. Triton's interpreter runs no inline assembly: there
+  (ASM=False) plain Triton computes the same roundings.
 - "gemm" / "dequant" (more rows): engine.layers.quant.triton_int4_gemm.
 Act-order layers gather their activation columns through `perm`.
 """
@@ -29,6 +36,9 @@ from engine.layers.quant.triton_int4_gemm import _int4_dequant_kernel, _int4_gem
 _MAGIC = tl.constexpr(0x4B000000)
 _MAGIC_FLOAT = tl.constexpr(8388608.0)
 _REDUCE_BLOCK = 1024
+# NOTE: (m, m) in each dtype with m's low 8 mantissa bits clear: OR-ing a nibble in gives m + q (bf16 m = 128,
+# fp16 m = 1024, where the dtype's step is 1).
+_HALF_MAGIC = {torch.bfloat16: 0x43004300, torch.float16: 0x64006400}
 
 
 @triton.jit
@@ -43,20 +53,134 @@ def _nibble_in_place(words, p: tl.constexpr, zero, x):
 
 @triton.jit
 def _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0, N, g_end, stride_wn, stride_sn):
-    """The words [BLOCK_N, GROUPS, 16], scales and zeros [BLOCK_N, GROUPS, 1] (float32) of the groups from g0."""
+    """The words [BLOCK_N, GROUPS, 16], scales (float32) and zeros (uint8) [BLOCK_N, GROUPS, 1] of the groups from g0."""
     tile_ok = (n3 < N) & ((g0 + g3) < g_end)
     words = tl.load(w_ptr + n3.to(tl.int64) * stride_wn + (g0 + g3) * 16 + w3, mask=tile_ok, other=0)
     sz_offsets = n3 * stride_sn + g0 + g3
     scale = tl.load(scale_ptr + sz_offsets, mask=tile_ok, other=0).to(tl.float32)
-    zero = tl.load(zero_ptr + sz_offsets, mask=tile_ok, other=0).to(tl.float32)
+    zero = tl.load(zero_ptr + sz_offsets, mask=tile_ok, other=0)
     return words, scale, zero
+
+
+@triton.jit
+def _x_at(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr):
+    """x's values at kernel-order channels `cols` (gathered through the act-order permutation)."""
+    if HAS_PERM:
+        cols = tl.load(perm_ptr + cols, mask=ok, other=0)
+    return tl.load(x_row + cols, mask=ok, other=0)
+
+
+@triton.jit
+def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr):
+    """Each word's sum of (q - zero) * x over its 8 nibbles, in float32 (the 2^23 trick of `_nibble_in_place`)."""
+    zero = zero.to(tl.float32)
+    high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
+    partial = tl.zeros(words.shape, dtype=tl.float32)
+    for t in tl.static_range(8):
+        xt = _x_at(x_row, perm_ptr, (g0 + g3) * 128 + t * 16 + w3, group_ok, HAS_PERM).to(tl.float32)
+        if t < 5:
+            partial += _nibble_in_place(words, t, zero, xt)
+        else:
+            partial += _nibble_in_place(high_words, t - 3, zero, xt)
+    return partial
+
+
+@triton.jit
+def _half_bits(x):
+    """A bf16/fp16 value's bits in the low 16 bits of an int32."""
+    return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _half_to_float(bits, dtype: tl.constexpr):
+    """The bf16/fp16 value in the low 16 bits of an int32, as float32."""
+    return (bits & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _pair_fma(pairs, neg_zeros, x_pairs, acc, dtype: tl.constexpr, ASM: tl.constexpr):
+    """acc + (pairs + neg_zeros) * x_pairs on pairs of `dtype` values packed in int32s, as two packed FMAs: the
+    first is exact (pairs = m + q, neg_zeros = -(m + zero), integers below 2^8), the second rounds once."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            asm: tl.constexpr = ("{ .reg .b32 one, d; mov.b32 one, 0x3F803F80; fma.rn.bf16x2 d, $1, one, $2; "
+                                 "fma.rn.bf16x2 $0, d, $3, $4; }")  # fmt: skip
+        else:
+            asm: tl.constexpr = ("{ .reg .b32 one, d; mov.b32 one, 0x3C003C00; fma.rn.f16x2 d, $1, one, $2; "
+                                 "fma.rn.f16x2 $0, d, $3, $4; }")  # fmt: skip
+        out = tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, neg_zeros, x_pairs, acc], dtype=tl.int32,
+                                        is_pure=True, pack=1)  # fmt: skip
+    else:
+        lo = (_half_to_float(pairs, dtype) + _half_to_float(neg_zeros, dtype)) * _half_to_float(x_pairs, dtype)
+        hi = (_half_to_float(pairs >> 16, dtype) + _half_to_float(neg_zeros >> 16, dtype)) * _half_to_float(
+            x_pairs >> 16, dtype
+        )
+        lo = _rounded_bits(lo + _half_to_float(acc, dtype), dtype)
+        out = lo | (_rounded_bits(hi + _half_to_float(acc >> 16, dtype), dtype) << 16)
+    return out
+
+
+@triton.jit
+def _rounded_bits(v, dtype: tl.constexpr):
+    """float32 v rounded to nearest even in `dtype`, its bits in the low 16 bits of an int32 (the interpreter's
+    float32 -> bfloat16 cast truncates, so bf16 rounds on the bits here; finite values only)."""
+    if dtype == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    else:
+        out = _half_bits(v.to(dtype))
+    return out
+
+
+@triton.jit
+def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
+                     MAGIC: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Each word's sum of (q - zero) * x over its 8 nibbles: 4 packed pairs (nibbles j and j + 4 = channels
+    16j + w and 16j + w + 64) summed in x's dtype by `_pair_fma`, then widened to float32."""
+    dtype: tl.constexpr = x_row.dtype.element_ty
+    neg_zero = zero.to(tl.int32) | (MAGIC & 0xFFFF) | 0x8000  # -(m + zero) in x's dtype: m + zero = m | zero
+    neg_zeros = neg_zero | (neg_zero << 16)
+    acc = tl.zeros(words.shape, dtype=tl.int32)  # packed (+0, +0)
+    for j in tl.static_range(4):
+        cols = (g0 + g3) * 128 + j * 16 + w3
+        x_lo = _x_at(x_row, perm_ptr, cols, group_ok, HAS_PERM)
+        x_pairs = _pack_pair(x_lo, _x_at(x_row, perm_ptr, cols + 64, group_ok, HAS_PERM), ASM)
+        pairs = ((words >> (4 * j)) & 0x000F000F) | MAGIC
+        acc = _pair_fma(pairs, neg_zeros, x_pairs, acc, dtype, ASM)
+    return _pair_sum(acc, dtype, ASM)
+
+
+@triton.jit
+def _pack_pair(lo, hi, ASM: tl.constexpr):
+    """Two bf16/fp16 tensors as one int32 tensor of pairs (lo in the low half): one PRMT each on the GPU."""
+    if ASM:
+        out = tl.inline_asm_elementwise("mov.b32 $0, {$1, $2};", "=r,h,h", [lo, hi], dtype=tl.int32, is_pure=True,
+                                        pack=1)  # fmt: skip
+    else:
+        out = _half_bits(lo) | (_half_bits(hi) << 16)
+    return out
+
+
+@triton.jit
+def _pair_sum(pairs, dtype: tl.constexpr, ASM: tl.constexpr):
+    """The sum of each packed pair's two values, in float32 (bf16: a shift and a mask make the two floats)."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            asm: tl.constexpr = "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; add.f32 $0, lo, hi; }"
+        else:
+            asm: tl.constexpr = ("{ .reg .b16 l, h; .reg .f32 fl, fh; mov.b32 {l, h}, $1; cvt.f32.f16 fl, l; "
+                                 "cvt.f32.f16 fh, h; add.f32 $0, fl, fh; }")  # fmt: skip
+        out = tl.inline_asm_elementwise(asm, "=f,r", [pairs], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        out = _half_to_float(pairs, dtype) + _half_to_float(pairs >> 16, dtype)
+    return out
 
 
 @triton.jit
 def _int4_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     groups_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    PARTIAL: tl.constexpr,
+    PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + tl.program_id(1) * stride_xm
@@ -72,17 +196,10 @@ def _int4_gemv_kernel(
         words, scale, zero = next_tile
         next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0 + GROUPS, N, g_end, stride_wn, stride_sn)
         group_ok = (g0 + g3) < g_end
-        high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
-        partial = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
-        for t in tl.static_range(8):
-            cols = (g0 + g3) * 128 + t * 16 + w3  # [1, GROUPS, 16] channels in kernel order
-            if HAS_PERM:
-                cols = tl.load(perm_ptr + cols, mask=group_ok, other=0)
-            xt = tl.load(x_row + cols, mask=group_ok, other=0).to(tl.float32)
-            if t < 5:
-                partial += _nibble_in_place(words, t, zero, xt)
-            else:
-                partial += _nibble_in_place(high_words, t - 3, zero, xt)
+        if HALF2:
+            partial = _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, MAGIC, ASM)
+        else:
+            partial = _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM)
         acc += partial * scale
     out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if PARTIAL:
@@ -131,6 +248,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     m, k = x.shape
     n = packed.weight.shape[0]
     meta = dict(meta)
+    half2 = bool(meta.pop("HALF2", 0)) and x.dtype in _HALF_MAGIC
     num_groups = k // GROUP_SIZE
     groups_per_split = triton.cdiv(triton.cdiv(num_groups, meta.pop("SPLIT_K", 1)), meta["GROUPS"]) * meta["GROUPS"]
     num_splits = triton.cdiv(num_groups, groups_per_split)
@@ -140,7 +258,8 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     _int4_gemv_kernel[grid](
         x, packed.weight, packed.scale, packed.zero, packed.perm, bias, target, n, k, x.stride(0),
         packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
-        HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, **meta,
+        HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
+        MAGIC=_HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, **meta,
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
