@@ -38,7 +38,7 @@ def compile_for_hopper(
 
 def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
     constexprs = {"HAS_PERM": False, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": True, "HALF2": False,
-                  "MAGIC": 0, "ASM": True}  # fmt: skip
+                  "MAGIC": 0, "ASM": True, "EVEN": False}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out="*fp32").asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]
@@ -53,7 +53,7 @@ def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_word(act: str, m
     word 8 packed FMAs (4 zero subtractions, 4 products), one float add (the widening) and one float FMA (the
     group scale); no float multiply, no barrier or shared-memory load."""
     constexprs = {"HAS_PERM": True, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": False, "HALF2": True,
-                  "MAGIC": magic, "ASM": True}  # fmt: skip
+                  "MAGIC": magic, "ASM": True, "EVEN": True}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out=act, act=act).asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]

@@ -39,6 +39,22 @@ _REDUCE_BLOCK = 1024
 # NOTE: (m, m) in each dtype with m's low 8 mantissa bits clear: OR-ing a nibble in gives m + q (bf16 m = 128,
 # fp16 m = 1024, where the dtype's step is 1).
 _HALF_MAGIC = {torch.bfloat16: 0x43004300, torch.float16: 0x64006400}
+# NOTE: the packed steps of the HALF2 GEMV per dtype (`_pair_fma`, `_pair_sum`); "one" is (1.0, 1.0).
+_PAIR_FMA_BF16 = tl.constexpr(
+    "{ .reg .b32 one, q, d; lop3.b32 q, $1, 0x000F000F, 0x43004300, 0xEA; mov.b32 one, 0x3F803F80; "
+    "fma.rn.bf16x2 d, q, one, $2; fma.rn.bf16x2 $0, d, $3, $4; }"
+)
+_PAIR_FMA_F16 = tl.constexpr(
+    "{ .reg .b32 one, q, d; lop3.b32 q, $1, 0x000F000F, 0x64006400, 0xEA; mov.b32 one, 0x3C003C00; "
+    "fma.rn.f16x2 d, q, one, $2; fma.rn.f16x2 $0, d, $3, $4; }"
+)
+_PAIR_SUM_BF16 = tl.constexpr(
+    "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; add.f32 $0, lo, hi; }"
+)
+_PAIR_SUM_F16 = tl.constexpr(
+    "{ .reg .b16 l, h; .reg .f32 fl, fh; mov.b32 {l, h}, $1; cvt.f32.f16 fl, l; cvt.f32.f16 fh, h; "
+    "add.f32 $0, fl, fh; }"
+)
 
 
 @triton.jit
@@ -53,7 +69,7 @@ def _nibble_in_place(words, p: tl.constexpr, zero, x):
 
 @triton.jit
 def _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0, N, g_end, stride_wn, stride_sn):
-    """The words [BLOCK_N, GROUPS, 16], scales (float32) and zeros (uint8) [BLOCK_N, GROUPS, 1] of the groups from g0."""
+    """The words [BLOCK_N, GROUPS, 16], scales (float32) and zeros (uint8) [BLOCK_N, GROUPS, 1] from group g0."""
     tile_ok = (n3 < N) & ((g0 + g3) < g_end)
     words = tl.load(w_ptr + n3.to(tl.int64) * stride_wn + (g0 + g3) * 16 + w3, mask=tile_ok, other=0)
     sz_offsets = n3 * stride_sn + g0 + g3
@@ -63,21 +79,29 @@ def _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0, N, g_end, stride_wn, 
 
 
 @triton.jit
-def _x_at(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr):
-    """x's values at kernel-order channels `cols` (gathered through the act-order permutation)."""
-    if HAS_PERM:
-        cols = tl.load(perm_ptr + cols, mask=ok, other=0)
-    return tl.load(x_row + cols, mask=ok, other=0)
+def _x_at(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
+    """x's values at kernel-order channels `cols` (gathered through the act-order permutation); EVEN: every
+    program's groups fill its tiles, so no load needs `ok` (a masked load also zeroes its registers first)."""
+    if EVEN:
+        if HAS_PERM:
+            cols = tl.load(perm_ptr + cols)
+        x = tl.load(x_row + cols)
+    else:
+        if HAS_PERM:
+            cols = tl.load(perm_ptr + cols, mask=ok, other=0)
+        x = tl.load(x_row + cols, mask=ok, other=0)
+    return x
 
 
 @triton.jit
-def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr):
+def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
+                     EVEN: tl.constexpr):  # fmt: skip
     """Each word's sum of (q - zero) * x over its 8 nibbles, in float32 (the 2^23 trick of `_nibble_in_place`)."""
     zero = zero.to(tl.float32)
     high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
     partial = tl.zeros(words.shape, dtype=tl.float32)
     for t in tl.static_range(8):
-        xt = _x_at(x_row, perm_ptr, (g0 + g3) * 128 + t * 16 + w3, group_ok, HAS_PERM).to(tl.float32)
+        xt = _x_at(x_row, perm_ptr, (g0 + g3) * 128 + t * 16 + w3, group_ok, HAS_PERM, EVEN).to(tl.float32)
         if t < 5:
             partial += _nibble_in_place(words, t, zero, xt)
         else:
@@ -98,19 +122,17 @@ def _half_to_float(bits, dtype: tl.constexpr):
 
 
 @triton.jit
-def _pair_fma(pairs, neg_zeros, x_pairs, acc, dtype: tl.constexpr, ASM: tl.constexpr):
-    """acc + (pairs + neg_zeros) * x_pairs on pairs of `dtype` values packed in int32s, as two packed FMAs: the
-    first is exact (pairs = m + q, neg_zeros = -(m + zero), integers below 2^8), the second rounds once."""
+def _pair_fma(shifted, neg_zeros, x_pairs, acc, MAGIC: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr):
+    """acc + (pairs + neg_zeros) * x_pairs on pairs of `dtype` values packed in int32s, where pairs =
+    (shifted & 0x000F000F) | MAGIC = (m + q, m + q'): one LOP3 and two packed FMAs, the first exact (neg_zeros =
+    -(m + zero), integers below 2^8), the second rounding once. The magic and mask sit in the assembly: as Triton
+    constants ptxas re-materialized the mask before every LOP3 (an IMAD.MOV per pair)."""
     if ASM:
-        if dtype == tl.bfloat16:
-            asm: tl.constexpr = ("{ .reg .b32 one, d; mov.b32 one, 0x3F803F80; fma.rn.bf16x2 d, $1, one, $2; "
-                                 "fma.rn.bf16x2 $0, d, $3, $4; }")  # fmt: skip
-        else:
-            asm: tl.constexpr = ("{ .reg .b32 one, d; mov.b32 one, 0x3C003C00; fma.rn.f16x2 d, $1, one, $2; "
-                                 "fma.rn.f16x2 $0, d, $3, $4; }")  # fmt: skip
-        out = tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, neg_zeros, x_pairs, acc], dtype=tl.int32,
+        asm: tl.constexpr = _PAIR_FMA_BF16 if dtype == tl.bfloat16 else _PAIR_FMA_F16
+        out = tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [shifted, neg_zeros, x_pairs, acc], dtype=tl.int32,
                                         is_pure=True, pack=1)  # fmt: skip
     else:
+        pairs = (shifted & 0x000F000F) | MAGIC
         lo = (_half_to_float(pairs, dtype) + _half_to_float(neg_zeros, dtype)) * _half_to_float(x_pairs, dtype)
         hi = (_half_to_float(pairs >> 16, dtype) + _half_to_float(neg_zeros >> 16, dtype)) * _half_to_float(
             x_pairs >> 16, dtype
@@ -134,7 +156,7 @@ def _rounded_bits(v, dtype: tl.constexpr):
 
 @triton.jit
 def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
-                     MAGIC: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+                     EVEN: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Each word's sum of (q - zero) * x over its 8 nibbles: 4 packed pairs (nibbles j and j + 4 = channels
     16j + w and 16j + w + 64) summed in x's dtype by `_pair_fma`, then widened to float32."""
     dtype: tl.constexpr = x_row.dtype.element_ty
@@ -143,10 +165,9 @@ def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PER
     acc = tl.zeros(words.shape, dtype=tl.int32)  # packed (+0, +0)
     for j in tl.static_range(4):
         cols = (g0 + g3) * 128 + j * 16 + w3
-        x_lo = _x_at(x_row, perm_ptr, cols, group_ok, HAS_PERM)
-        x_pairs = _pack_pair(x_lo, _x_at(x_row, perm_ptr, cols + 64, group_ok, HAS_PERM), ASM)
-        pairs = ((words >> (4 * j)) & 0x000F000F) | MAGIC
-        acc = _pair_fma(pairs, neg_zeros, x_pairs, acc, dtype, ASM)
+        x_lo = _x_at(x_row, perm_ptr, cols, group_ok, HAS_PERM, EVEN)
+        x_pairs = _pack_pair(x_lo, _x_at(x_row, perm_ptr, cols + 64, group_ok, HAS_PERM, EVEN), ASM)
+        acc = _pair_fma(words >> (4 * j), neg_zeros, x_pairs, acc, MAGIC, dtype, ASM)
     return _pair_sum(acc, dtype, ASM)
 
 
@@ -165,11 +186,7 @@ def _pack_pair(lo, hi, ASM: tl.constexpr):
 def _pair_sum(pairs, dtype: tl.constexpr, ASM: tl.constexpr):
     """The sum of each packed pair's two values, in float32 (bf16: a shift and a mask make the two floats)."""
     if ASM:
-        if dtype == tl.bfloat16:
-            asm: tl.constexpr = "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; add.f32 $0, lo, hi; }"
-        else:
-            asm: tl.constexpr = ("{ .reg .b16 l, h; .reg .f32 fl, fh; mov.b32 {l, h}, $1; cvt.f32.f16 fl, l; "
-                                 "cvt.f32.f16 fh, h; add.f32 $0, fl, fh; }")  # fmt: skip
+        asm: tl.constexpr = _PAIR_SUM_BF16 if dtype == tl.bfloat16 else _PAIR_SUM_F16
         out = tl.inline_asm_elementwise(asm, "=f,r", [pairs], dtype=tl.float32, is_pure=True, pack=1)
     else:
         out = _half_to_float(pairs, dtype) + _half_to_float(pairs >> 16, dtype)
@@ -180,7 +197,7 @@ def _pair_sum(pairs, dtype: tl.constexpr, ASM: tl.constexpr):
 def _int4_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     groups_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr,
+    PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + tl.program_id(1) * stride_xm
@@ -197,9 +214,9 @@ def _int4_gemv_kernel(
         next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0 + GROUPS, N, g_end, stride_wn, stride_sn)
         group_ok = (g0 + g3) < g_end
         if HALF2:
-            partial = _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, MAGIC, ASM)
+            partial = _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, EVEN, MAGIC, ASM)
         else:
-            partial = _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM)
+            partial = _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, EVEN)
         acc += partial * scale
     out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if PARTIAL:
@@ -259,6 +276,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
         x, packed.weight, packed.scale, packed.zero, packed.perm, bias, target, n, k, x.stride(0),
         packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
         HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
+        EVEN=num_groups % groups_per_split == 0,
         MAGIC=_HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, **meta,
     )  # fmt: skip
     if partial:
