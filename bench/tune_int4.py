@@ -1,15 +1,16 @@
 """The int4 kernels' sweep (GPU only): for each Qwen3-8B projection shape and row bucket, time every candidate
 config (engine.layers.quant.triton_int4: GEMV tiles x split-K x float32 or packed half-precision math (HALF2),
-GEMM tiles, dequantize + cuBLAS) as CUDA-graph
-replays over rotating weights (past the L2), drop any whose output is off by more than 1e-2 (relative norm against
-float32), and write the fastest per (N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
+GEMM tiles, dequantize + cuBLAS) as CUDA-graph replays over rotating weights (past the L2), drop any whose output
+is off by more than 1e-2 (relative norm against float32; checked before it is timed), and write the fastest per
+(N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
 
-python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140]
+python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
 
-Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets; past the budget the rest keep the
-heuristic. Buckets 2-16 time the 12 GEMV tiles that were fastest at 1 row; every bucket the GEMM tiles of its size.
-Prints one line per entry: the winner, its time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16 baseline
-at 1 row (Triton GEMV) and 2048 rows (cuBLAS).
+Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets (`--buckets`: only those); entries not
+timed (other buckets, or past the budget) keep the committed table's entry, else the heuristic. Buckets 2-16 time
+the 12 GEMV tiles that were fastest at 1 row (none when bucket 1 is not swept); every bucket the GEMM tiles of
+its size. Prints one line per entry: the winner, its time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16
+baseline at 1 row (Triton GEMV) and 2048 rows (cuBLAS).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from bench.graph_timing import time_graph_us
 from bench.kernel_gemv_int4 import SHAPES, packed_nbytes, packed_weight
 from bench.limits import measure_limits
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
-from engine.layers.quant.int4_tuning import ROW_BUCKETS, Int4Config, table_key
+from engine.layers.quant.int4_tuning import ROW_BUCKETS, TABLE_PATH, Int4Config, table_key
 from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
 
@@ -104,18 +105,20 @@ def _figure(sweep: ShapeSweep, rows: int, us: float) -> str:
     return f"{2 * rows * sweep.n * sweep.k / us / 1e6:.0f} TFLOP/s"
 
 
-def tune(budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None]) -> None:
-    """Times every entry's candidates; `write(entries, timings)` after each entry (a timeout leaves a table)."""
+def tune(
+    budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None], buckets: list[int],
+    entries: dict[str, object], timings: dict[str, object],
+) -> None:  # fmt: skip
+    """Times the candidates of every entry of `buckets` into `entries` and `timings` (replacing what they held);
+    `write(entries, timings)` after each entry (a timeout leaves a table)."""
     started = time.monotonic()
-    entries: dict[str, object] = {}
-    timings: dict[str, object] = {}
     sweeps = {name: ShapeSweep(n, k) for name, (n, k) in SHAPES.items()}
     ranked_gemv: dict[str, list[Int4Config]] = {}
-    order = [1, ROW_BUCKETS[-1]] + [b for b in ROW_BUCKETS[1:-1]]
+    order = [b for b in [1, ROW_BUCKETS[-1], *ROW_BUCKETS[1:-1]] if b in buckets]
     for bucket in order:
         for name, sweep in sweeps.items():
             if time.monotonic() - started > budget_s:
-                print(f"budget spent: {table_key(sweep.n, sweep.k, bucket)} keeps the heuristic", flush=True)
+                print(f"budget spent: {table_key(sweep.n, sweep.k, bucket)} not timed", flush=True)
                 continue
             results = [(us, c) for c in candidates(bucket, ranked_gemv.get(name, [])) if (us := sweep.time(c, bucket))]
             if not results:
@@ -140,7 +143,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True, help="the table JSON to write")
     parser.add_argument("--budget-s", type=float, default=140.0, help="stop timing new entries after this")
+    parser.add_argument("--buckets", default=",".join(map(str, ROW_BUCKETS)), help="row buckets to sweep")
     args = parser.parse_args()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    if not set(buckets) <= set(ROW_BUCKETS):
+        parser.error(f"--buckets {args.buckets}: each must be one of {ROW_BUCKETS}")
+    committed = json.loads(TABLE_PATH.read_text()) if TABLE_PATH.exists() else {}
     limits = measure_limits(torch.bfloat16)
     print(f"copy bandwidth {limits.copy_bandwidth_gb_s:.0f} GB/s ({limits.device_name})", flush=True)
 
@@ -149,7 +157,7 @@ def main() -> None:
                  "timings": timings}  # fmt: skip
         args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
-    tune(args.budget_s, write)
+    tune(args.budget_s, write, buckets, dict(committed.get("entries", {})), dict(committed.get("timings", {})))
     print(f"wrote {args.out}")
 
 
