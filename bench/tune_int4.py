@@ -36,10 +36,19 @@ ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2
 GEMV_TILES = [(4, 8, 4), (8, 2, 4), (8, 4, 4), (8, 8, 8), (16, 2, 4), (16, 4, 4), (16, 4, 8), (16, 8, 8),
               (32, 2, 4), (32, 4, 8), (64, 2, 8)]  # fmt: skip
-# NOTE: HALF2 first: the packed half-precision GEMV is the likely winner, so a sweep cut short by its budget has
-# timed it on every shape.
-GEMV = [Int4Config("gemv", {"BLOCK_N": bn, "GROUPS": g, "SPLIT_K": s, "HALF2": h, "num_warps": w, "num_stages": 2})
-        for h in (1, 0) for bn, g, w in GEMV_TILES for s in (1, 2, 4, 8)]  # fmt: skip
+FLOAT_GEMV_TILES = [(8, 4, 4), (8, 8, 8)]
+"""The float32 GEMV's tiles that won every 1-row entry of the H100 sweep before HALF2 (with SPLIT_K 1)."""
+
+
+def _gemv(bn: int, groups: int, warps: int, split_k: int, half2: int) -> Int4Config:
+    meta = {"BLOCK_N": bn, "GROUPS": groups, "SPLIT_K": split_k, "HALF2": half2, "num_warps": warps, "num_stages": 2}
+    return Int4Config("gemv", meta)
+
+
+# NOTE: every tile in packed half precision (HALF2), the float32 GEMV on its former winners only: fewer kernels to
+# compile on a fresh device.
+GEMV = [_gemv(*tile, s, 1) for tile in GEMV_TILES for s in (1, 2, 4, 8)]
+GEMV += [_gemv(*tile, s, 0) for tile in FLOAT_GEMV_TILES for s in (1, 2)]
 GEMM_TILES = {
     "small": [(16, 32, 1, 4, 3), (16, 64, 1, 4, 3), (16, 64, 2, 4, 3), (16, 128, 1, 4, 3), (16, 128, 1, 8, 4)],
     "mid": [(32, 64, 1, 4, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (64, 64, 2, 4, 3), (64, 128, 1, 8, 4)],
@@ -58,7 +67,8 @@ def _gemm(bm: int, bn: int, groups: int, warps: int, stages: int) -> Int4Config:
 def candidates(bucket: int, best_gemv: list[Int4Config]) -> list[Int4Config]:
     gemv = (GEMV if bucket == 1 else best_gemv[:12]) if bucket <= 16 else []
     size = "small" if bucket <= 16 else "mid" if bucket <= 64 else "large"
-    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]]
+    # NOTE: at 1 row the GEMM (16-row tiles, 15 of them padding) never beat the GEMV in the H100 sweeps.
+    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]] if bucket > 1 else []
     return gemv + gemm + (DEQUANT if bucket >= 64 else [])
 
 
