@@ -37,12 +37,17 @@ def compile_for_hopper(
 
 
 def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
+    """The float32 GEMV with split-K and programmatic dependent launch: the loop has no barrier or shared memory;
+    the first weight tile is loaded before the wait for the previous kernel, x after it."""
     constexprs = {"HAS_PERM": False, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": True, "HALF2": False,
-                  "MAGIC": 0, "ASM": True, "EVEN": False}  # fmt: skip
+                  "MAGIC": 0, "ASM": True, "EVEN": False, "PDL": True}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out="*fp32").asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]
     assert "ld.global.v4" in loop and "bar.sync" not in loop and "ld.shared" not in loop
+    prologue = ptx[: ptx.index("$L__BB0_")]
+    wait = prologue.index("griddepcontrol.wait")
+    assert "ld.global.v4" in prologue[:wait] and "ld.global" not in prologue[wait:] and "griddepcontrol" not in loop
     compile_for_hopper(_splitk_reduce_kernel, {"HAS_BIAS": True, "BLOCK": 1024}, 4)
 
 
@@ -53,7 +58,7 @@ def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_word(act: str, m
     word 8 packed FMAs (4 zero subtractions, 4 products), one float add (the widening) and one float FMA (the
     group scale); no float multiply, no barrier or shared-memory load."""
     constexprs = {"HAS_PERM": True, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": False, "HALF2": True,
-                  "MAGIC": magic, "ASM": True, "EVEN": True}  # fmt: skip
+                  "MAGIC": magic, "ASM": True, "EVEN": True, "PDL": False}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out=act, act=act).asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]

@@ -9,6 +9,9 @@
   [BLOCK_N, GROUPS, 16] float32 partial sums (one per packed word), so no reduction sits in the loop; the group
   scale multiplies a word's sum once. With SPLIT_K > 1 (more programs than output tiles, for weights with few rows)
   the programs write float32 partial sums that `_splitk_reduce_kernel` adds up (atomic-free, deterministic).
+  With PDL (a tuning knob; CUDA) the kernel is launched as a programmatic dependent launch: it may start before
+  the previous kernel in the stream has finished, loads its first weight tile, then waits for that kernel
+  (`griddepcontrol.wait`) before it reads x or writes anything.
   A nibble becomes a float without an int->float conversion: the bits `(word & 0xF << 4p) | 0x4B000000` are the
   float 2^23 + q*16^p, so a weight costs one LOP3, one FADD and one FFMA.
   With HALF2 (bf16/fp16 activations; a tuning knob) two nibbles become two half-precision values per 32-bit op
@@ -198,6 +201,7 @@ def _int4_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     groups_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
     PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + tl.program_id(1) * stride_xm
@@ -209,6 +213,10 @@ def _int4_gemv_kernel(
     acc = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
     # NOTE: each tile is loaded one iteration ahead of its use, so two tiles per program are in flight.
     next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g_begin, N, g_end, stride_wn, stride_sn)
+    if PDL:
+        # NOTE: launched early (programmatic dependent launch): the first tile's weights (no kernel writes them)
+        # stream in while the previous kernel finishes; x and the output wait for it.
+        tl.extra.cuda.gdc_wait()
     for g0 in range(g_begin, g_end, GROUPS):
         words, scale, zero = next_tile
         next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0 + GROUPS, N, g_end, stride_wn, stride_sn)
@@ -266,6 +274,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     n = packed.weight.shape[0]
     meta = dict(meta)
     half2 = bool(meta.pop("HALF2", 0)) and x.dtype in _HALF_MAGIC
+    pdl = bool(meta.pop("PDL", 0)) and x.is_cuda
     num_groups = k // GROUP_SIZE
     groups_per_split = triton.cdiv(triton.cdiv(num_groups, meta.pop("SPLIT_K", 1)), meta["GROUPS"]) * meta["GROUPS"]
     num_splits = triton.cdiv(num_groups, groups_per_split)
@@ -277,7 +286,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
         packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
         HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
         EVEN=num_groups % groups_per_split == 0,
-        MAGIC=_HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, **meta,
+        MAGIC=_HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, launch_pdl=pdl, **meta,
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
