@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 _BLOCK_KS = (1024, 512, 256, 128, 64)
@@ -61,7 +62,9 @@ def _fp8_gemv_kernel(
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + w_cols[None, :]
     x_ptrs = x_ptr + cols[None, :] + 0 * rows[:, None]
     if PDL:
-        # NOTE: the first step's weights (no kernel writes them) load before the wait for the previous kernel.
+        # NOTE: the first step's weights (no kernel writes them) load before the wait for the previous kernel;
+        # signalled at once, a PDL successor may start too (engine.layers.pdl).
+        tl.extra.cuda.gdc_launch_dependents()
         w_first = tl.load(w_ptrs)
         tl.extra.cuda.gdc_wait()
         acc += w_first.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)
@@ -173,10 +176,11 @@ def fp8_gemv(
         raise ValueError(f"weight_scale {weight_scale.dtype}{tuple(weight_scale.shape)} or bias is not [{n}]")
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    pdl = tiles.pdl and pdl_supported(x.device)
     _fp8_gemv_kernel[(n // tiles.block_n,)](
         x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=tiles.pdl,
-        launch_pdl=tiles.pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
+        launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out
 

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
 from engine.layers.quant.int4_layout import GROUP_SIZE, WORDS_PER_GROUP, PackedInt4
 from engine.layers.quant.int4_tuning import Int4Config, config_for
 from engine.layers.quant.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
@@ -214,8 +215,10 @@ def _int4_gemv_kernel(
     # NOTE: each tile is loaded one iteration ahead of its use, so two tiles per program are in flight.
     next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g_begin, N, g_end, stride_wn, stride_sn)
     if PDL:
-        # NOTE: launched early (programmatic dependent launch): the first tile's weights (no kernel writes them)
-        # stream in while the previous kernel finishes; x and the output wait for it.
+        # NOTE: launched early (engine.layers.pdl): the first tile's weights (no kernel writes them) stream in while
+        # the previous kernel finishes; x and the output wait for it. Signalled at once, a PDL successor (the next
+        # GEMV in the sweep's timing graph, as this one after RMSNorm / SiLU-mul in a decoder layer) may start too.
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     for g0 in range(g_begin, g_end, GROUPS):
         words, scale, zero = next_tile
@@ -274,7 +277,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     n = packed.weight.shape[0]
     meta = dict(meta)
     half2 = bool(meta.pop("HALF2", 0)) and x.dtype in _HALF_MAGIC
-    pdl = bool(meta.pop("PDL", 0)) and x.is_cuda
+    pdl = bool(meta.pop("PDL", 0)) and pdl_supported(x.device)
     num_groups = k // GROUP_SIZE
     groups_per_split = triton.cdiv(triton.cdiv(num_groups, meta.pop("SPLIT_K", 1)), meta["GROUPS"]) * meta["GROUPS"]
     num_splits = triton.cdiv(num_groups, groups_per_split)
