@@ -90,7 +90,7 @@ def _int4_gemv_kernel(
     n3 = rows[:, None, None]
     g3 = tl.arange(0, GROUPS)[None, :, None]
     w3 = tl.arange(0, 16)[None, None, :]
-    acc = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, GROUPS, 16 // (1 + HALF2)), dtype=tl.float32)  # HALF2: a sum per two words
     # NOTE: each tile is loaded one iteration ahead of its use, so two tiles per program are in flight.
     next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g_begin, N, g_end, stride_wn, stride_sn)
     if PDL:

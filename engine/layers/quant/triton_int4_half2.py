@@ -28,6 +28,8 @@ _PAIR_FMA_F16 = tl.constexpr(
     "{ .reg .b32 one, q, d; lop3.b32 q, $1, 0x000F000F, 0x64006400, 0xEA; mov.b32 one, 0x3C003C00; "
     "fma.rn.f16x2 d, q, one, $2; fma.rn.f16x2 $0, d, $3, $4; }"
 )
+_PAIR_ADD_BF16 = tl.constexpr("{ .reg .b32 one; mov.b32 one, 0x3F803F80; fma.rn.bf16x2 $0, $1, one, $2; }")
+_PAIR_ADD_F16 = tl.constexpr("{ .reg .b32 one; mov.b32 one, 0x3C003C00; fma.rn.f16x2 $0, $1, one, $2; }")
 _PAIR_SUM_BF16 = tl.constexpr(
     "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; add.f32 $0, lo, hi; }"
 )
@@ -100,8 +102,9 @@ def _rounded_bits(v, dtype: tl.constexpr):
 @triton.jit
 def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
                      EVEN: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """Each word's sum of (q - zero) * x over its 8 nibbles: 4 packed pairs (nibbles j and j + 4 = channels
-    16j + w and 16j + w + 64) summed in x's dtype by `_pair_fma`, then widened to float32."""
+    """The sum of (q - zero) * x over the 16 nibbles of each two adjacent words [BLOCK_N, GROUPS, 8]: per word 4
+    packed pairs (nibbles j and j + 4 = channels 16j + w and 16j + w + 64) summed in x's dtype by `_pair_fma`, the
+    two words' packed sums added (`_pair_add`), then widened to float32 (`_pair_sum`)."""
     dtype: tl.constexpr = x_row.dtype.element_ty
     neg_zero = zero.to(tl.int32) | (MAGIC & 0xFFFF) | 0x8000  # -(m + zero) in x's dtype: m + zero = m | zero
     neg_zeros = neg_zero | (neg_zero << 16)
@@ -111,7 +114,21 @@ def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PER
         x_lo = _x_at(x_row, perm_ptr, cols, group_ok, HAS_PERM, EVEN)
         x_pairs = _pack_pair(x_lo, _x_at(x_row, perm_ptr, cols + 64, group_ok, HAS_PERM, EVEN), ASM)
         acc = _pair_fma(words >> (4 * j), neg_zeros, x_pairs, acc, MAGIC, dtype, ASM)
-    return _pair_sum(acc, dtype, ASM)
+    # NOTE: adjacent words sit in one thread (16-byte loads), so the split moves no data between threads.
+    even, odd = tl.split(tl.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[2] // 2, 2)))
+    return _pair_sum(_pair_add(even, odd, dtype, ASM), dtype, ASM)
+
+
+@triton.jit
+def _pair_add(a, b, dtype: tl.constexpr, ASM: tl.constexpr):
+    """a + b on pairs of `dtype` values packed in int32s, rounded once (a packed FMA by 1)."""
+    if ASM:
+        asm: tl.constexpr = _PAIR_ADD_BF16 if dtype == tl.bfloat16 else _PAIR_ADD_F16
+        out = tl.inline_asm_elementwise(asm, "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        lo = _rounded_bits(_half_to_float(a, dtype) + _half_to_float(b, dtype), dtype)
+        out = lo | (_rounded_bits(_half_to_float(a >> 16, dtype) + _half_to_float(b >> 16, dtype), dtype) << 16)
+    return out
 
 
 @triton.jit
