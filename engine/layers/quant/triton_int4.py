@@ -12,8 +12,8 @@
   A nibble becomes a float without an int->float conversion: the bits `(word & 0xF << 4p) | 0x4B000000` are the
   float 2^23 + q*16^p, so a weight costs one LOP3, one FADD and one FFMA.
   With HALF2 (bf16/fp16 activations; a tuning knob) two nibbles become two half-precision values per 32-bit op
-  instead, and their products are summed in packed pairs (engine.layers.quant.triton_int4_half2): per 8 weights
-  3 shifts, 4 LOP3, 8 packed FMAs and the widening to float32, against 24 float ops.
+  instead, and their products are summed in packed pairs (engine.layers.quant.triton_int4_half2): per 16 weights
+  6 shifts, 8 LOP3, 17 packed FMAs and one widening to float32, against 48 float ops.
   With PDL (a tuning knob; CUDA) the kernel is launched as a programmatic dependent launch: it may start before
   the previous kernel in the stream has finished, loads its first weight tile, then waits for that kernel
   (`griddepcontrol.wait`) before it reads x or writes anything.
