@@ -30,7 +30,7 @@ for method in gptq fp8 none; do
     step "w1_$method" 60 python3 -m bench --workload w1 "${W8B[@]}" --quantization "$method" --num-prompts 2 \
         --input-len 128 --output-len 256 --json "$LOGS/w1_$method.json"
 done
-python3 -m bench.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8,gptq gemv >>"$SUMMARY" 2>&1
+python3 -m bench.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8,gptq gemv fp8_gemv >>"$SUMMARY" 2>&1
 echo "total: $((SECONDS - START))s" | tee -a "$SUMMARY"
 tar -czf "$OUT/tables.tar.gz" engine/layers/quant/int4_tuned.json engine/layers/fp8_gemv_tiles.json
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
