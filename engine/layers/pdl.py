@@ -10,10 +10,13 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton.language as tl
 
 
 @functools.cache
 def pdl_supported(device: torch.device) -> bool:
-    """Whether kernels on `device` may use grid dependency control (CUDA, compute capability 9.0 or more); the
-    instructions do not compile for older GPUs, and Triton's interpreter (CPU) does not run them."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    """Whether kernels on `device` may use grid dependency control: CUDA, compute capability 9.0 or more (the
+    instructions do not compile for older GPUs, and Triton's interpreter on the CPU does not run them), and a
+    Triton that has it (`tl.extra.cuda.gdc_wait`)."""
+    has_gdc = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
+    return has_gdc and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)

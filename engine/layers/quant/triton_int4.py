@@ -168,7 +168,8 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
         packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
         HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
         EVEN=num_groups % groups_per_split == 0,
-        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, launch_pdl=pdl, **meta,
+        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, **meta,
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
