@@ -180,7 +180,8 @@ def fp8_gemv(
     _fp8_gemv_kernel[(n // tiles.block_n,)](
         x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
     return out
 
