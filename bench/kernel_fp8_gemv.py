@@ -4,9 +4,9 @@
   bandwidth, beside the bf16 Triton GEMV on the same shape. The sweep runs in two rounds: every tile shape with
   4 stages, then the 3 fastest with 1-3 stages, then the 3 fastest as programmatic dependent launches (pdl: the
   kernel starts before the previous one has finished; in the timing graph that is the same GEMV on other weights,
-  which, like the engine's kernels, does not signal early); a candidate whose output is off by 1e-2 or more
-  (relative norm against float32) is dropped before it is timed. `--write-table` writes each shape's fastest
-  tiles into engine/layers/fp8_gemv_tiles.json (the table the kernel reads), a copy to --out.
+  which signals at its start, as RMSNorm and SiLU-mul do in a decoder layer); a candidate whose output is off by
+  1e-2 or more (relative norm against float32) is dropped before it is timed. `--write-table` writes each shape's
+  fastest tiles into engine/layers/fp8_gemv_tiles.json (the table the kernel reads), a copy to --out.
 - Prefill (2048 rows): the activation quantizer, `torch._scaled_mm` and the bf16 `F.linear`, as TFLOP/s.
 All timed as CUDA-graph replays (as the engine's decode steps run), so launch overhead does not count: each graph
 holds one call per weight copy, the copies rotating past the L2.

@@ -8,7 +8,8 @@ python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--bucket
 
 At 1 row the 3 fastest GEMV configs are timed again with PDL=1 (programmatic dependent launch: the kernel starts
 before the previous one in the stream has finished and loads its first weights meanwhile; in the timing graph the
-previous kernel is the same GEMV on other weights, which, like the engine's kernels, does not signal early).
+previous kernel is the same GEMV on other weights, which signals its successor at its start, as RMSNorm and
+SiLU-mul do before three of a decoder layer's four GEMVs; attention, before o_proj, does not).
 
 Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets (`--buckets`: only those); entries not
 timed (other buckets, or past the budget) keep the committed table's entry, else the heuristic. Buckets 2-16 time
