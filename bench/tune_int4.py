@@ -1,14 +1,21 @@
 """The int4 kernels' sweep (GPU only): for each Qwen3-8B projection shape and row bucket, time every candidate
-config (engine.layers.quant.triton_int4: GEMV tiles x split-K, GEMM tiles, dequantize + cuBLAS) as CUDA-graph
-replays over rotating weights (past the L2), drop any whose output is off by more than 1e-2 (relative norm against
-float32), and write the fastest per (N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
+config (engine.layers.quant.triton_int4: GEMV tiles x split-K x float32 or packed half-precision math (HALF2),
+GEMM tiles, dequantize + cuBLAS) as CUDA-graph replays over rotating weights (past the L2), drop any whose output
+is off by more than 1e-2 (relative norm against float32; checked before it is timed), and write the fastest per
+(N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
 
-python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140]
+python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
 
-Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets; past the budget the rest keep the
-heuristic. Buckets 2-16 time the 12 GEMV tiles that were fastest at 1 row; every bucket the GEMM tiles of its size.
-Prints one line per entry: the winner, its time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16 baseline
-at 1 row (Triton GEMV) and 2048 rows (cuBLAS).
+At 1 row the 3 fastest GEMV configs are timed again with PDL=1 (programmatic dependent launch: the kernel starts
+before the previous one in the stream has finished and loads its first weights meanwhile; in the timing graph the
+previous kernel is the same GEMV on other weights, which signals its successor at its start, as RMSNorm and
+SiLU-mul do before three of a decoder layer's four GEMVs; attention, before o_proj, does not).
+
+Order: 1 row on every shape (W1), 2048 rows (W2), then the other buckets (`--buckets`: only those); entries not
+timed (other buckets, or past the budget) keep the committed table's entry, else the heuristic. Buckets 2-16 time
+the 12 GEMV tiles that were fastest at 1 row (none when bucket 1 is not swept); every bucket the GEMM tiles of
+its size. Prints one line per entry: the winner, its time, int4 GB/s (weight bytes once) or TFLOP/s, and the bf16
+baseline at 1 row (Triton GEMV) and 2048 rows (cuBLAS).
 """
 
 from __future__ import annotations
@@ -26,16 +33,31 @@ from bench.graph_timing import time_graph_us
 from bench.kernel_gemv_int4 import SHAPES, packed_nbytes, packed_weight
 from bench.limits import measure_limits
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
-from engine.layers.quant.int4_tuning import ROW_BUCKETS, Int4Config, table_key
+from engine.layers.quant.int4_tuning import ROW_BUCKETS, TABLE_PATH, Int4Config, table_key
 from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
 
 ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2
+# NOTE: (BLOCK_N, GROUPS, num_warps). 16 words per thread ((16, 8, 4), (32, 4, 4)): the fewest HALF2 instructions
+# per weight in the sm90 SASS (2.9 and 3.4, against 3.6-3.9 at 8 words), but with shared-memory layout conversions.
 GEMV_TILES = [(4, 8, 4), (8, 2, 4), (8, 4, 4), (8, 8, 8), (16, 2, 4), (16, 4, 4), (16, 4, 8), (16, 8, 8),
-              (32, 2, 4), (32, 4, 8), (64, 2, 8)]  # fmt: skip
-GEMV = [Int4Config("gemv", {"BLOCK_N": bn, "GROUPS": g, "SPLIT_K": s, "num_warps": w, "num_stages": 2})
-        for bn, g, w in GEMV_TILES for s in (1, 2, 4, 8)]  # fmt: skip
+              (32, 2, 4), (32, 4, 8), (64, 2, 8), (16, 8, 4), (32, 4, 4)]  # fmt: skip
+PDL_TRIES = 3
+"""At 1 row, the fastest GEMV configs are timed again as programmatic dependent launches (PDL)."""
+FLOAT_GEMV_TILES = [(8, 4, 4), (8, 8, 8)]
+"""The float32 GEMV's tiles that won every 1-row entry of the H100 sweep before HALF2 (with SPLIT_K 1)."""
+
+
+def _gemv(bn: int, groups: int, warps: int, split_k: int, half2: int) -> Int4Config:
+    meta = {"BLOCK_N": bn, "GROUPS": groups, "SPLIT_K": split_k, "HALF2": half2, "num_warps": warps, "num_stages": 2}
+    return Int4Config("gemv", meta)
+
+
+# NOTE: every tile in packed half precision (HALF2), the float32 GEMV on its former winners only: fewer kernels to
+# compile on a fresh device.
+GEMV = [_gemv(*tile, s, 1) for tile in GEMV_TILES for s in (1, 2, 4, 8)]
+GEMV += [_gemv(*tile, s, 0) for tile in FLOAT_GEMV_TILES for s in (1, 2)]
 GEMM_TILES = {
     "small": [(16, 32, 1, 4, 3), (16, 64, 1, 4, 3), (16, 64, 2, 4, 3), (16, 128, 1, 4, 3), (16, 128, 1, 8, 4)],
     "mid": [(32, 64, 1, 4, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (64, 64, 2, 4, 3), (64, 128, 1, 8, 4)],
@@ -46,6 +68,11 @@ DEQUANT = [Int4Config("dequant", {"BLOCK_N": bn, "GROUPS": g, "num_warps": 4, "n
            for bn, g in ((16, 4), (32, 2), (8, 8), (64, 1))]  # fmt: skip
 
 
+def with_pdl(ranked: list[tuple[float, Int4Config]]) -> list[Int4Config]:
+    """The GEMV configs of `ranked` as programmatic dependent launches (the kernel's PDL knob)."""
+    return [Int4Config("gemv", config.meta | {"PDL": 1}) for _, config in ranked if config.kernel == "gemv"]
+
+
 def _gemm(bm: int, bn: int, groups: int, warps: int, stages: int) -> Int4Config:
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUPS": groups, "GROUP_M": 8, "num_warps": warps, "num_stages": stages}
     return Int4Config("gemm", meta)
@@ -54,7 +81,8 @@ def _gemm(bm: int, bn: int, groups: int, warps: int, stages: int) -> Int4Config:
 def candidates(bucket: int, best_gemv: list[Int4Config]) -> list[Int4Config]:
     gemv = (GEMV if bucket == 1 else best_gemv[:12]) if bucket <= 16 else []
     size = "small" if bucket <= 16 else "mid" if bucket <= 64 else "large"
-    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]]
+    # NOTE: at 1 row the GEMM (16-row tiles, 15 of them padding) never beat the GEMV in the H100 sweeps.
+    gemm = [_gemm(*tile) for tile in GEMM_TILES[size]] if bucket > 1 else []
     return gemv + gemm + (DEQUANT if bucket >= 64 else [])
 
 
@@ -86,6 +114,10 @@ class ShapeSweep:
             print(f"  skipped {config}: {type(error).__name__}: {str(error)[:160]}", flush=True)
             return None
 
+    def time_all(self, configs: list[Int4Config], rows: int) -> list[tuple[float, Int4Config]]:
+        """(us, config) of those that run and are right, fastest first."""
+        return sorted(((us, c) for c in configs if (us := self.time(c, rows))), key=lambda r: r[0])
+
     def bf16_us(self, rows: int) -> float:
         dense = dequantize(self.weights[0]).to(torch.bfloat16)
         copies = [dense] + [dense.clone() for _ in range(max(1, ROTATE_BYTES // dense.nbytes))]
@@ -101,23 +133,26 @@ def _figure(sweep: ShapeSweep, rows: int, us: float) -> str:
     return f"{2 * rows * sweep.n * sweep.k / us / 1e6:.0f} TFLOP/s"
 
 
-def tune(budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None]) -> None:
-    """Times every entry's candidates; `write(entries, timings)` after each entry (a timeout leaves a table)."""
+def tune(
+    budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None], buckets: list[int],
+    entries: dict[str, object], timings: dict[str, object],
+) -> None:  # fmt: skip
+    """Times the candidates of every entry of `buckets` into `entries` and `timings` (replacing what they held);
+    `write(entries, timings)` after each entry (a timeout leaves a table)."""
     started = time.monotonic()
-    entries: dict[str, object] = {}
-    timings: dict[str, object] = {}
     sweeps = {name: ShapeSweep(n, k) for name, (n, k) in SHAPES.items()}
     ranked_gemv: dict[str, list[Int4Config]] = {}
-    order = [1, ROW_BUCKETS[-1]] + [b for b in ROW_BUCKETS[1:-1]]
+    order = [b for b in [1, ROW_BUCKETS[-1], *ROW_BUCKETS[1:-1]] if b in buckets]
     for bucket in order:
         for name, sweep in sweeps.items():
             if time.monotonic() - started > budget_s:
-                print(f"budget spent: {table_key(sweep.n, sweep.k, bucket)} keeps the heuristic", flush=True)
+                print(f"budget spent: {table_key(sweep.n, sweep.k, bucket)} not timed", flush=True)
                 continue
-            results = [(us, c) for c in candidates(bucket, ranked_gemv.get(name, [])) if (us := sweep.time(c, bucket))]
+            results = sweep.time_all(candidates(bucket, ranked_gemv.get(name, [])), bucket)
+            if bucket == 1:
+                results = sorted(results + sweep.time_all(with_pdl(results[:PDL_TRIES]), bucket), key=lambda r: r[0])
             if not results:
                 continue
-            results.sort(key=lambda r: r[0])
             if bucket == 1:
                 ranked_gemv[name] = [c for _, c in results if c.kernel == "gemv"]
             best_us, best = results[0]
@@ -137,7 +172,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True, help="the table JSON to write")
     parser.add_argument("--budget-s", type=float, default=140.0, help="stop timing new entries after this")
+    parser.add_argument("--buckets", default=",".join(map(str, ROW_BUCKETS)), help="row buckets to sweep")
     args = parser.parse_args()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    if not set(buckets) <= set(ROW_BUCKETS):
+        parser.error(f"--buckets {args.buckets}: each must be one of {ROW_BUCKETS}")
+    committed = json.loads(TABLE_PATH.read_text()) if TABLE_PATH.exists() else {}
     limits = measure_limits(torch.bfloat16)
     print(f"copy bandwidth {limits.copy_bandwidth_gb_s:.0f} GB/s ({limits.device_name})", flush=True)
 
@@ -146,7 +186,7 @@ def main() -> None:
                  "timings": timings}  # fmt: skip
         args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
-    tune(args.budget_s, write)
+    tune(args.budget_s, write, buckets, dict(committed.get("entries", {})), dict(committed.get("timings", {})))
     print(f"wrote {args.out}")
 
 

@@ -12,12 +12,17 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, intermediate_size, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, intermediate_size, BLOCK: tl.constexpr,
+                         PDL_TRIGGER: tl.constexpr):  # fmt: skip
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: the next GEMV may start loading weights
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < intermediate_size
@@ -51,6 +56,13 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     block = min(MAX_BLOCK, triton.next_power_of_2(intermediate_size))
     grid = (num_tokens, triton.cdiv(intermediate_size, block))
     _silu_and_mul_kernel[grid](
-        gate_up, out, gate_up.stride(0), out.stride(0), intermediate_size, BLOCK=block, num_warps=max(1, block // 256)
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        intermediate_size,
+        BLOCK=block,
+        PDL_TRIGGER=pdl_supported(gate_up.device),
+        num_warps=max(1, block // 256),
     )
     return out

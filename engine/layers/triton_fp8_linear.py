@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 _BLOCK_KS = (1024, 512, 256, 128, 64)
@@ -32,19 +33,23 @@ ONE_PASS_MAX = 16384
 @dataclass(slots=True, frozen=True)
 class Fp8GemvTiles:
     """Launch shape of the GEMV: BLOCK_N output rows per program, K walked BLOCK_K columns at a time, the K loop
-    unrolled `unroll` times (so that the loads of several steps can be in flight before their products)."""
+    unrolled `unroll` times (so that the loads of several steps can be in flight before their products); `pdl`: a
+    programmatic dependent launch (it may start before the previous kernel in the stream has finished: its first
+    weight step loads meanwhile, x and the output wait for that kernel)."""
 
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
     unroll: int = 1
+    pdl: bool = False
 
 
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
@@ -56,7 +61,16 @@ def _fp8_gemv_kernel(
     w_cols = tl.max_contiguous(tl.multiple_of(cols, VEC), VEC)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + w_cols[None, :]
     x_ptrs = x_ptr + cols[None, :] + 0 * rows[:, None]
-    for _ in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+    if PDL:
+        # NOTE: the first step's weights (no kernel writes them) load before the wait for the previous kernel;
+        # signalled at once, a PDL successor may start too (engine.layers.pdl).
+        tl.extra.cuda.gdc_launch_dependents()
+        w_first = tl.load(w_ptrs)
+        tl.extra.cuda.gdc_wait()
+        acc += w_first.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    for _ in tl.range(PDL * BLOCK_K, K, BLOCK_K, loop_unroll_factor=UNROLL):
         acc += tl.load(w_ptrs).to(tl.float32) * tl.load(x_ptrs).to(tl.float32)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -162,10 +176,12 @@ def fp8_gemv(
         raise ValueError(f"weight_scale {weight_scale.dtype}{tuple(weight_scale.shape)} or bias is not [{n}]")
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    pdl = tiles.pdl and pdl_supported(x.device)
     _fp8_gemv_kernel[(n // tiles.block_n,)](
         x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
     return out
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
+
 MAX_HIDDEN_SIZE = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -20,8 +22,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o, stride_ro,
-    hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: the next GEMV may start loading weights
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden_size
@@ -113,6 +117,7 @@ def _launch(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
+        PDL_TRIGGER=pdl_supported(x.device),
         num_warps=_num_warps(block),
     )
 

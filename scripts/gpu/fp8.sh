@@ -17,30 +17,7 @@
 # (default 350); a step never runs past what is left, so the script ends in time even if something hangs.
 set -u -o pipefail
 
-OUT=${OUT:?set OUT to the folder for the results}
-BUDGET_S=${BUDGET_S:-350}
-LOGS="$OUT/logs"
-mkdir -p "$LOGS"
-cd "$(dirname "$0")/../.."
-export PYTHONPATH="$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-START=$SECONDS
-SUMMARY="$OUT/summary.txt"
-: >"$SUMMARY"
-
-step() {  # step NAME LIMIT_S COMMAND...: at most LIMIT_S (or what the budget has left), output in $LOGS/NAME.log
-    local name=$1 limit=$2
-    shift 2
-    local left=$((BUDGET_S - (SECONDS - START)))
-    if ((left < 20)); then
-        echo "$name: skipped, budget spent" | tee -a "$SUMMARY"
-        return
-    fi
-    ((limit > left)) && limit=$left
-    local began=$SECONDS
-    echo "== $name (at most ${limit}s): $*" >>"$LOGS/commands.txt"
-    timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    echo "$name: rc=$? in $((SECONDS - began))s" | tee -a "$SUMMARY"
-}
+source "$(dirname "$0")/lib.sh"
 
 W8B=(--model-shape qwen3-8b --max-num-seqs 8 --num-blocks 2048)
 step gemv_fp8 130 python3 bench/kernel_fp8_gemv.py --out "$LOGS" --write-table
@@ -108,6 +85,7 @@ print(greedy(engine, [list(range(11, 441, 11))], 24)[0])"
 spot bf16 --quantization none
 fi
 
+python3 -m bench.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8 w2=none,fp8 fp8_gemv >>"$SUMMARY" 2>&1
 python3 - "$LOGS" >>"$SUMMARY" 2>&1 <<'EOF'
 import ast, json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
@@ -118,38 +96,6 @@ def load(name):
         return None
 def verdict(ok):
     return "met" if ok else "MISSED"
-try:
-    tests = (out / "gpu_tests.log").read_text().splitlines()
-except OSError:
-    tests = []
-print("-- gpu tests: verdicts, printed figures, first assertion lines")
-for line in tests:
-    if re.match(r"(PASSED|FAILED|ERROR) |fp8.*greedy agreement|=+ .*(passed|failed)", line):
-        print("  " + line[:300])
-errors = [t for t in tests if t.startswith("E ") and re.search(r"Error|assert|differ", t)]
-print("\n".join("  " + line[:300] for line in errors[:16]))
-print("-- figures")
-for workload, key, target in (("w1", "tpot_ms_p50", 3.2), ("w2", "ttft_ms_p50", 35.0)):
-    for q in ("none", "fp8"):
-        r = load(f"{workload}_{q}.json")
-        if r is None:
-            print(f"{workload} {q}: no result")
-            continue
-        figure, limits = r["engine"][key], r.get("limits", {})
-        extra = {k: round(v, 3) for k, v in limits.items() if k in ("decode_floor_ms", "tpot_over_floor", "prefill_mfu")}
-        goal = f" (target <= {target}: {verdict(figure <= target)})" if q == "fp8" else " (baseline)"
-        print(f"{workload} {q} {r.get('device_name', '')}: {key} {figure:.2f} ms {extra}{goal}")
-r = load("bench_fp8_gemv.json")
-for name, row in (r or {}).get("shapes", {}).items():
-    print(f"fp8 gemv {name} {row['n']}x{row['k']}: old table {row['fp8_us']:.1f} us = {row['fp8_pct_of_copy']:.0f}% of "
-          f"copy; tuned {row['best_tiles']} {row['best_us']:.1f} us = {row['best_pct_of_copy']:.0f}% (>= 85%: "
-          f"{verdict(row['best_pct_of_copy'] >= 85)}; bf16 GEMV {row['bf16_pct_of_copy']:.0f}%)")
-    top = sorted(row["sweep_us"].items(), key=lambda kv: kv[1])[:4]
-    print("   fastest: " + "; ".join(f"{us:.1f} {tiles}" for tiles, us in top))
-    pre = row.get("prefill")
-    if pre:
-        print(f"   prefill 2048 rows: quantize {pre['quantize_us']:.1f} us, fp8 linear {pre['fp8_linear_us']:.1f} us "
-              f"({pre['fp8_tflop_s']:.0f} TFLOP/s), bf16 {pre['bf16_us']:.1f} us ({pre['bf16_tflop_s']:.0f} TFLOP/s)")
 r = load("tune_fp8_attention.json")
 if r:
     print(f"decode attention fp8 tuning (kernel alone, b=64 ctx=4096): best {r['best']} = "

@@ -107,8 +107,13 @@ def check_packed_model_layers(folder: Path) -> None:
             assert error < FLOAT32_TOLERANCE, f"{name}, {rows} rows: relative error {error:.2e}"
 
 
-def _gemv(block_n: int, groups: int, split_k: int) -> Int4Config:
-    return Int4Config("gemv", {"BLOCK_N": block_n, "GROUPS": groups, "SPLIT_K": split_k, "num_warps": 4})
+def _gemv(block_n: int, groups: int, split_k: int, half2: int = 0) -> Int4Config:
+    meta = {"BLOCK_N": block_n, "GROUPS": groups, "SPLIT_K": split_k, "HALF2": half2, "num_warps": 4}
+    return Int4Config("gemv", meta)
+
+
+HALF2_CONFIGS = [_gemv(16, 2, 1, half2=1), _gemv(8, 4, 1, half2=1), _gemv(16, 1, 3, half2=1)]
+"""The packed half-precision GEMV (bf16/fp16 activations only), with and without split-K."""
 
 
 def _gemm(block_m: int, block_n: int, groups: int) -> Int4Config:
@@ -124,6 +129,7 @@ def run_interpreted_checks() -> None:
     """Small CPU cases (the process must start with TRITON_INTERPRET=1): every kernel (GEMV with and without
     split-K, GEMM with 1 and 2 groups per step, dequantize + matmul) on the asymmetric act-order format at 1 and 3
     rows (GEMV) or 20 rows, one of each on the other formats, on 48 outputs x 384 inputs (no tile divides either);
+    the packed half-precision GEMV in bf16 and fp16 (its plain-Triton path, the GPU's roundings) on the same shape;
     the default choice at 1, 2 and 9 rows on a `random_case` (as the GPU tests use); then a one-layer qwen3
     (hidden 128) GPTQ act-order checkpoint loaded packed, layer by layer."""
     for seed, name in enumerate(FORMATS):
@@ -132,6 +138,10 @@ def run_interpreted_checks() -> None:
         for i, config in enumerate(configs):
             rows = (1 + 2 * (i % 2)) if config.kernel == "gemv" else 20
             check_int4_linear(case, rows, torch.float32, bias=(seed + i) % 2 == 0, seed=seed, config=config)
+    case = make_case("gptq_v2-asym-act-order", 48, 384, "cpu", 7)
+    for i, config in enumerate(HALF2_CONFIGS):
+        for dtype in (torch.bfloat16, torch.float16):
+            check_int4_linear(case, 1 + 2 * (i % 2), dtype, bias=i == 0, seed=i, config=config)
     random = random_case(40, 256, act_order=True, device="cpu", seed=9)
     check_int4_linear(random, 1, torch.float32, bias=False, seed=9)
     check_int4_linear(random, 2, torch.float32, bias=False, seed=9)

@@ -58,8 +58,16 @@ def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
 def test_fp8_gemv_k_loop_has_no_barrier() -> None:
     tiles = default_tiles(24576, 4096)
     assert tiles is not None
-    constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "VEC": 8}
-    ptx = compile_for_hopper(_fp8_gemv_kernel, constexprs, tiles.num_warps)
-    loop = ptx[ptx.index("Inner Loop Header") :]
-    loop = loop[: loop.index("bra")]
-    assert "ld.global" in loop and "bar.sync" not in loop and "ld.shared" not in loop
+    for pdl in (False, True):
+        constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "VEC": 8,
+                      "PDL": pdl}  # fmt: skip
+        ptx = compile_for_hopper(_fp8_gemv_kernel, constexprs, tiles.num_warps)
+        loop = ptx[ptx.index("Inner Loop Header") :]
+        loop = loop[: loop.index("bra")]
+        assert "ld.global" in loop and "bar.sync" not in loop and "ld.shared" not in loop
+        # NOTE: with PDL, one weight load before the wait for the previous kernel, the first x load after it.
+        prologue = ptx[: ptx.index("Inner Loop Header")]
+        assert ("griddepcontrol.wait" in prologue) == pdl and "griddepcontrol" not in loop
+        if pdl:
+            wait = prologue.index("griddepcontrol.wait")
+            assert prologue[:wait].count("ld.global") == 1 and "ld.global" in prologue[wait:]

@@ -18,7 +18,7 @@ from engine.layers.quant.int4_random import quantized_parts
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import MODEL_SHAPES
-from tests.engine.int4_kernel_checks import FORMATS, check_int4_linear, make_case, random_case
+from tests.engine.int4_kernel_checks import FORMATS, HALF2_CONFIGS, check_int4_linear, make_case, random_case
 from tests.engine.int4_reference import Int4Format, quantize_projection
 from tests.engine.quant_support import greedy
 from tests.engine.triton_interpreter import run_interpreted
@@ -95,3 +95,14 @@ def test_int4_kernels_on_gpu(shape: tuple[int, int], act_order: bool) -> None:
         check_int4_linear(case, rows, torch.bfloat16, bias=rows == 5, seed=rows)
     check_int4_linear(case, 3, torch.float16, bias=False, seed=0)
     check_int4_linear(case, 100, torch.float16, bias=True, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES[:3], ids=[f"{n}x{k}" for n, k in GPU_SHAPES[:3]])
+def test_half2_gemv_on_gpu(shape: tuple[int, int]) -> None:
+    """The packed half-precision GEMV (inline assembly on the GPU) at the 8B projection shapes, act-order, in bf16
+    and fp16, 1 and 3 rows, with and without split-K: within the bf16 bound of float64."""
+    case = random_case(*shape, True, "cuda", seed=shape[0] + shape[1])
+    for i, config in enumerate(HALF2_CONFIGS):
+        for dtype in (torch.bfloat16, torch.float16):
+            check_int4_linear(case, 1 + 2 * (i % 2), dtype, bias=i == 0, seed=i, config=config)

@@ -2,9 +2,11 @@
 written on the GPU by bench/tune_int4.py, keyed by (N, K, rows bucket)), else a heuristic.
 
 Kernels (engine.layers.quant.triton_int4): "gemv" (one activation row per program column, split-K partial sums
-reduced by a second pass), "gemm" (a dequantize-in-GEMM, 128*GROUPS channels per tl.dot), "dequant" (the whole
-weight dequantized to the activation dtype in a scratch buffer, then cuBLAS: prefill is compute-bound, and the
-extra pass costs ~2.5 bytes per weight).
+reduced by a second pass; meta HALF2=1 dequantizes and multiplies in packed bf16/fp16 pairs, absent or 0 in
+float32: the heuristic keeps float32, only the sweep, which checks each candidate's output, picks HALF2), "gemm"
+(a dequantize-in-GEMM, 128*GROUPS channels per tl.dot), "dequant" (the whole weight dequantized to the
+activation dtype in a scratch buffer, then cuBLAS: prefill is compute-bound, and the extra pass costs ~2.5 bytes
+per weight).
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@
   the programs write float32 partial sums that `_splitk_reduce_kernel` adds up (atomic-free, deterministic).
   A nibble becomes a float without an int->float conversion: the bits `(word & 0xF << 4p) | 0x4B000000` are the
   float 2^23 + q*16^p, so a weight costs one LOP3, one FADD and one FFMA.
+  With HALF2 (bf16/fp16 activations; a tuning knob) two nibbles become two half-precision values per 32-bit op
+  instead, and their products are summed in packed pairs (engine.layers.quant.triton_int4_half2): per 16 weights
+  6 shifts, 8 LOP3, 17 packed FMAs and one widening to float32, against 48 float ops.
+  With PDL (a tuning knob; CUDA) the kernel is launched as a programmatic dependent launch: it may start before
+  the previous kernel in the stream has finished, loads its first weight tile, then waits for that kernel
+  (`griddepcontrol.wait`) before it reads x or writes anything.
 - "gemm" / "dequant" (more rows): engine.layers.quant.triton_int4_gemm.
 Act-order layers gather their activation columns through `perm`.
 """
@@ -21,9 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
 from engine.layers.quant.int4_layout import GROUP_SIZE, WORDS_PER_GROUP, PackedInt4
 from engine.layers.quant.int4_tuning import Int4Config, config_for
 from engine.layers.quant.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
+from engine.layers.quant.triton_int4_half2 import HALF_MAGIC, _half2_word_sums, _x_at
 
 # NOTE: the bits of float 2^23; OR-ing a nibble into its low mantissa bits gives the float 2^23 + nibble.
 _MAGIC = tl.constexpr(0x4B000000)
@@ -43,20 +51,37 @@ def _nibble_in_place(words, p: tl.constexpr, zero, x):
 
 @triton.jit
 def _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0, N, g_end, stride_wn, stride_sn):
-    """The words [BLOCK_N, GROUPS, 16], scales and zeros [BLOCK_N, GROUPS, 1] (float32) of the groups from g0."""
+    """The words [BLOCK_N, GROUPS, 16], scales (float32) and zeros (uint8) [BLOCK_N, GROUPS, 1] from group g0."""
     tile_ok = (n3 < N) & ((g0 + g3) < g_end)
     words = tl.load(w_ptr + n3.to(tl.int64) * stride_wn + (g0 + g3) * 16 + w3, mask=tile_ok, other=0)
     sz_offsets = n3 * stride_sn + g0 + g3
     scale = tl.load(scale_ptr + sz_offsets, mask=tile_ok, other=0).to(tl.float32)
-    zero = tl.load(zero_ptr + sz_offsets, mask=tile_ok, other=0).to(tl.float32)
+    zero = tl.load(zero_ptr + sz_offsets, mask=tile_ok, other=0)
     return words, scale, zero
+
+
+@triton.jit
+def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
+                     EVEN: tl.constexpr):  # fmt: skip
+    """Each word's sum of (q - zero) * x over its 8 nibbles, in float32 (the 2^23 trick of `_nibble_in_place`)."""
+    zero = zero.to(tl.float32)
+    high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
+    partial = tl.zeros(words.shape, dtype=tl.float32)
+    for t in tl.static_range(8):
+        xt = _x_at(x_row, perm_ptr, (g0 + g3) * 128 + t * 16 + w3, group_ok, HAS_PERM, EVEN).to(tl.float32)
+        if t < 5:
+            partial += _nibble_in_place(words, t, zero, xt)
+        else:
+            partial += _nibble_in_place(high_words, t - 3, zero, xt)
+    return partial
 
 
 @triton.jit
 def _int4_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     groups_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    PARTIAL: tl.constexpr,
+    PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + tl.program_id(1) * stride_xm
@@ -65,24 +90,23 @@ def _int4_gemv_kernel(
     n3 = rows[:, None, None]
     g3 = tl.arange(0, GROUPS)[None, :, None]
     w3 = tl.arange(0, 16)[None, None, :]
-    acc = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, GROUPS, 16 // (1 + HALF2)), dtype=tl.float32)  # HALF2: a sum per two words
     # NOTE: each tile is loaded one iteration ahead of its use, so two tiles per program are in flight.
     next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g_begin, N, g_end, stride_wn, stride_sn)
+    if PDL:
+        # NOTE: launched early (engine.layers.pdl): the first tile's weights (no kernel writes them) stream in while
+        # the previous kernel finishes; x and the output wait for it. Signalled at once, a PDL successor (the next
+        # GEMV in the sweep's timing graph, as this one after RMSNorm / SiLU-mul in a decoder layer) may start too.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     for g0 in range(g_begin, g_end, GROUPS):
         words, scale, zero = next_tile
         next_tile = _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0 + GROUPS, N, g_end, stride_wn, stride_sn)
         group_ok = (g0 + g3) < g_end
-        high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
-        partial = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
-        for t in tl.static_range(8):
-            cols = (g0 + g3) * 128 + t * 16 + w3  # [1, GROUPS, 16] channels in kernel order
-            if HAS_PERM:
-                cols = tl.load(perm_ptr + cols, mask=group_ok, other=0)
-            xt = tl.load(x_row + cols, mask=group_ok, other=0).to(tl.float32)
-            if t < 5:
-                partial += _nibble_in_place(words, t, zero, xt)
-            else:
-                partial += _nibble_in_place(high_words, t - 3, zero, xt)
+        if HALF2:
+            partial = _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, EVEN, MAGIC, ASM)
+        else:
+            partial = _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM, EVEN)
         acc += partial * scale
     out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if PARTIAL:
@@ -131,6 +155,8 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     m, k = x.shape
     n = packed.weight.shape[0]
     meta = dict(meta)
+    half2 = bool(meta.pop("HALF2", 0)) and x.dtype in HALF_MAGIC
+    pdl = bool(meta.pop("PDL", 0)) and pdl_supported(x.device)
     num_groups = k // GROUP_SIZE
     groups_per_split = triton.cdiv(triton.cdiv(num_groups, meta.pop("SPLIT_K", 1)), meta["GROUPS"]) * meta["GROUPS"]
     num_splits = triton.cdiv(num_groups, groups_per_split)
@@ -140,7 +166,10 @@ def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
     _int4_gemv_kernel[grid](
         x, packed.weight, packed.scale, packed.zero, packed.perm, bias, target, n, k, x.stride(0),
         packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
-        HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, **meta,
+        HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
+        EVEN=num_groups % groups_per_split == 0,
+        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, **meta,
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
