@@ -10,6 +10,7 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.attention.decode_tuning import PROGRAMS_PER_SM, decode_launch
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
+from engine.layers.pdl import pdl_launch
 
 # NOTE: splitting stops once a partition would hold fewer tokens than this; each split costs a partial write.
 MIN_SPLIT_TOKENS = 256
@@ -33,7 +34,9 @@ class TritonAttentionBackend(AttentionBackend):
             launch = decode_launch(str(kv_cache.dtype).removeprefix("torch."))
             num_programs, num_sms = num_reqs * kv_cache.shape[3], _num_sms(query.device)
             num_splits = num_kv_splits(num_programs, metadata.max_seq_len, num_sms, launch.programs_per_sm)
-            decode_attention(*args, self.scale, num_splits, launch.tiles)
+            pdl = pdl_launch("decode_attention", query.device)
+            decode_attention(*args, self.scale, num_splits, launch.tiles, min_split_tokens=launch.min_split_tokens,
+                             pdl=pdl)  # fmt: skip
         if max_query_len > 1:
             prefill_attention(*args, self.scale)
         return output
