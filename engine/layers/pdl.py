@@ -34,10 +34,11 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 @functools.cache
-def pdl_launches(path: Path = TABLE_PATH) -> frozenset[str]:
-    """The small kernels the table turns into PDL launches ({kernel name: bool}; a missing file: none)."""
+def pdl_launches(path: Path | None = None) -> frozenset[str]:
+    """The small kernels the table (default: TABLE_PATH) turns into PDL launches ({kernel name: bool}; a missing
+    file: none)."""
     try:
-        table = json.loads(path.read_text())
+        table = json.loads((path or TABLE_PATH).read_text())
     except FileNotFoundError:
         return frozenset()
     return frozenset(name for name, on in table.items() if on)
