@@ -143,6 +143,14 @@ def decode_ab_lines(folder: Path, methods: list[str]) -> list[str]:
                     f"  {variant:8s} wall {profile['wall_us_per_step']:.0f}, idle {profile['gpu_idle_fraction']:.1%}, "
                     f"{profile['kernels_per_step']:.0f} kernels; {kernels}"
                 )
+        tpots = [
+            f"{v} {result[f'{v} w1']['tpot_ms_p50']:.3f}" for v in ("main", "nosplit", "pdl") if f"{v} w1" in result
+        ]
+        if tpots:
+            target = TARGETS_MS.get(("w1", method))
+            lines.append(
+                f"W1 TPOT p50 ms, {method}: " + ", ".join(tpots) + ("" if target is None else f" (target <= {target})")
+            )
     return lines
 
 
