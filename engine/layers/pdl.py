@@ -4,8 +4,9 @@ that kernel's completion and memory. A kernel that calls `gdc_launch_dependents`
 start then (without it, when its programs exit). Used by the batch-1 GEMVs (their first weights load before the
 wait) and the kernels before them in a decoder layer (RMSNorm, SiLU-mul: they signal at their start).
 
-The small kernels of a decode step (RMSNorm, q/k norm + RoPE + store, decode attention and its reduce) are PDL
-launches too where `pdl_launches.json` beside this file names them: each signals its successor at its start, reads
+The small kernels of a decode step (RMSNorm, q/k norm + RoPE + store, decode attention and its reduce) and the
+bf16 GEMV (lm_head, unquantized projections) are PDL launches too where `pdl_launches.json` beside this file names
+them: each signals its successor at its start, reads
 only inputs that no kernel of the step writes (weights, positions, the attention metadata) before its wait, and
 waits in every program before it reads the predecessor's output, writes anything or returns.
 NOTE: waiting before every return keeps completion transitive: kernel N ends only after kernel N - 1 has ended, so a
@@ -45,5 +46,6 @@ def pdl_launches(path: Path | None = None) -> frozenset[str]:
 
 
 def pdl_launch(kernel: str, device: torch.device) -> bool:
-    """Whether `kernel` ("rms_norm", "qk_norm_rope_store", "decode_attention") runs as a PDL launch on `device`."""
+    """Whether `kernel` ("rms_norm", "qk_norm_rope_store", "decode_attention", "gemv": the bf16 one-row GEMV) runs
+    as a PDL launch on `device`."""
     return kernel in pdl_launches() and pdl_supported(device)

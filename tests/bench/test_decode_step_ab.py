@@ -31,4 +31,4 @@ def test_variant_tables_keep_the_tuned_tiles_and_set_the_knobs(tmp_path: Path) -
     assert decode_tuning.decode_launch("float8_e4m3fn").tiles == fp8_tiles
     assert decode_tuning.decode_launch("float8_e4m3fn").min_split_tokens == 512
     assert decode_tuning.decode_launch("bfloat16") == decode_tuning.DecodeLaunch(min_split_tokens=512)
-    assert pdl.pdl_launches() == frozenset({"rms_norm", "qk_norm_rope_store", "decode_attention"})
+    assert pdl.pdl_launches() == frozenset({"rms_norm", "qk_norm_rope_store", "decode_attention", "gemv"})

@@ -14,6 +14,7 @@ import torch
 from engine.attention.triton_decode import _decode_kernel, _reduce_kernel
 from engine.layers.pdl import TABLE_PATH, pdl_launches, pdl_supported
 from engine.layers.triton_activation import _silu_and_mul_kernel
+from engine.layers.triton_gemv import _gemv_kernel
 from engine.layers.triton_rms_norm import _rms_norm_kernel
 from engine.layers.triton_rope import _qk_norm_rope_store_kernel
 from tests.engine.test_fp8_sm90_compile import compile_for_hopper
@@ -24,12 +25,13 @@ DECODE = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": 64, "SPLIT": True, "FP8_ASM": Tr
           "KV_FP8": True, **HEAD}  # fmt: skip
 # NOTE: (kernel, constexprs, PDL switch, global loads allowed before the wait: the inputs no kernel of the step
 # writes): RMSNorm's weight (4 x 16 bytes per thread), the request's query bounds and length, RoPE's position and
-# cos/sin row.
+# cos/sin row, the GEMV's first weight tile.
 PDL_KERNELS = [
     (_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096, "PDL_TRIGGER": True}, "PDL_WAIT", 4),
     (_qk_norm_rope_store_kernel, ROPE, "PDL", 7),
     (_decode_kernel, DECODE, "PDL", 3),
     (_reduce_kernel, {"HEAD_DIM": 128, "BLOCK_S": 32}, "PDL", 3),
+    (_gemv_kernel, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}, "PDL", 8),
 ]
 
 
@@ -52,7 +54,7 @@ def test_no_pdl_off_cuda() -> None:
 
 
 @pytest.mark.parametrize(("kernel", "constexprs", "switch", "max_early_loads"), PDL_KERNELS,
-                         ids=["rms_norm", "qk_norm_rope_store", "decode", "reduce"])  # fmt: skip
+                         ids=["rms_norm", "qk_norm_rope_store", "decode", "reduce", "gemv"])  # fmt: skip
 def test_pdl_launched_kernels_wait_before_writing_or_returning(
     kernel: object, constexprs: dict[str, object], switch: str, max_early_loads: int
 ) -> None:
@@ -67,7 +69,7 @@ def test_pdl_launched_kernels_wait_before_writing_or_returning(
 
 def test_pdl_table_names_known_kernels(tmp_path: Path) -> None:
     table = json.loads(TABLE_PATH.read_text())
-    assert set(table) == {"rms_norm", "qk_norm_rope_store", "decode_attention"}
+    assert set(table) == {"rms_norm", "qk_norm_rope_store", "decode_attention", "gemv"}
     path = tmp_path / "pdl.json"
     path.write_text(json.dumps({"rms_norm": True, "decode_attention": False}))
     assert pdl_launches(path) == frozenset({"rms_norm"})
