@@ -9,9 +9,7 @@ Sections (printed in the order given):
 - `gemv`: the batch-1 GEMV per Qwen3-8B projection as % of copy bandwidth: bf16 and fp8 from the fp8 sweep
   (bench_fp8_gemv.json), GPTQ int4 (bytes of the packed weight, its scales and zeros) from the int4 sweep's table
   (int4_tuned.json), each with its time and the winning tile;
-- `fp8_gemv`: the fp8 sweep per projection (old table vs tuned tile, its fastest tiles, the 2048-row prefill path);
-- `decode_ab=METHODS`: bench/decode_step_ab.py's `decode_ab_<method>.json`: per context, each variant's wall time,
-  GPU idle share and kernels per batch-1 decode step, and the small kernels' time per step.
+- `fp8_gemv`: the fp8 sweep per projection (old table vs tuned tile, its fastest tiles, the 2048-row prefill path).
 """
 
 from __future__ import annotations
@@ -26,8 +24,6 @@ TARGETS_MS = {("w1", "fp8"): 3.2, ("w1", "gptq"): 2.2, ("w2", "fp8"): 35.0}
 FIGURES = {"w1": "tpot_ms_p50", "w2": "ttft_ms_p50"}
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 GROUP_SIZE = 128
-SMALL_KERNELS = ("_decode_kernel", "_reduce_kernel", "_rms_norm_kernel", "_qk_norm_rope_store_kernel",
-                 "_silu_and_mul_kernel")  # fmt: skip
 
 
 def load(folder: Path, name: str) -> Any:
@@ -119,41 +115,6 @@ def fp8_gemv_lines(folder: Path) -> list[str]:
     return lines
 
 
-def decode_ab_lines(folder: Path, methods: list[str]) -> list[str]:
-    lines = []
-    for method in methods:
-        result = load(folder, f"decode_ab_{method}.json")
-        if result is None:
-            lines.append(f"decode steps {method}: no result (see decode_ab_{method}.log)")
-            continue
-        contexts = sorted({key.split()[1] for key in result if " ctx" in key}, key=lambda c: int(c[3:]))
-        for context in contexts:
-            lines.append(f"decode step {method} bs1 {context} (us per step: wall, idle, kernels; small kernels' us)")
-            for variant in ("main", "nosplit", "pdl"):
-                profile = result.get(f"{variant} {context}")
-                if profile is None:
-                    continue
-                small = {k: 0.0 for k in SMALL_KERNELS}
-                for kernel in profile["top_kernels"]:
-                    name = next((k for k in SMALL_KERNELS if k in kernel["name"]), None)
-                    if name is not None:
-                        small[name] += kernel["us_per_step"]
-                kernels = ", ".join(f"{k.strip('_').removesuffix('_kernel')} {us:.0f}" for k, us in small.items())
-                lines.append(
-                    f"  {variant:8s} wall {profile['wall_us_per_step']:.0f}, idle {profile['gpu_idle_fraction']:.1%}, "
-                    f"{profile['kernels_per_step']:.0f} kernels; {kernels}"
-                )
-        tpots = [
-            f"{v} {result[f'{v} w1']['tpot_ms_p50']:.3f}" for v in ("main", "nosplit", "pdl") if f"{v} w1" in result
-        ]
-        if tpots:
-            target = TARGETS_MS.get(("w1", method))
-            lines.append(
-                f"W1 TPOT p50 ms, {method}: " + ", ".join(tpots) + ("" if target is None else f" (target <= {target})")
-            )
-    return lines
-
-
 def section_lines(folder: Path, section: str) -> list[str]:
     name, _, arg = section.partition("=")
     if name == "tests":
@@ -164,11 +125,7 @@ def section_lines(folder: Path, section: str) -> list[str]:
         return gemv_lines(folder)
     if name == "fp8_gemv":
         return fp8_gemv_lines(folder)
-    if name == "decode_ab":
-        return decode_ab_lines(folder, arg.split(","))
-    raise SystemExit(
-        f"section {section!r}: not one of tests=NAME, w1=METHODS, w2=METHODS, gemv, fp8_gemv, decode_ab=METHODS"
-    )
+    raise SystemExit(f"section {section!r}: not one of tests=NAME, w1=METHODS, w2=METHODS, gemv, fp8_gemv")
 
 
 def main(argv: list[str]) -> None:

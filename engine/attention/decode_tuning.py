@@ -1,8 +1,7 @@
 """Decode-kernel launch settings per KV-cache dtype, read from `decode_tuning.json` beside this file.
 
 The table is written by bench/tune_fp8.py on the GPU (tiles and split density at batch 64 on the Qwen3-8B head
-shape); a dtype it does not name, or a missing file, takes the defaults below (the bf16 kernel's settings). An
-entry without `min_split_tokens` takes MIN_SPLIT_TOKENS.
+shape); a dtype it does not name, or a missing file, takes the defaults below (the bf16 kernel's settings).
 """
 
 from __future__ import annotations
@@ -17,19 +16,14 @@ from engine.attention.triton_decode import DecodeTiles
 TABLE_PATH = Path(__file__).with_name("decode_tuning.json")
 # NOTE: splitting aims at this many programs per SM; each split costs a partial write and a reduce.
 PROGRAMS_PER_SM = 2
-# NOTE: on the device, a context gets one partition per this many tokens (so up to this many, none is split and
-# the reduce skips it): a split of a short context costs more (partial writes, the reduce) than it saves.
-MIN_SPLIT_TOKENS = 256
 
 
 @dataclass(slots=True, frozen=True)
 class DecodeLaunch:
-    """The decode kernel's tiles, how many programs per SM its split count aims at and the fewest tokens per
-    partition its device-side split rule keeps (1: every split the host chose)."""
+    """The decode kernel's tiles and how many programs per SM its split count aims at."""
 
     tiles: DecodeTiles = field(default_factory=DecodeTiles)
     programs_per_sm: int = PROGRAMS_PER_SM
-    min_split_tokens: int = MIN_SPLIT_TOKENS
 
 
 @functools.cache
@@ -42,4 +36,4 @@ def decode_launch(kv_dtype_name: str) -> DecodeLaunch:
     if entry is None:
         return DecodeLaunch()
     tiles = DecodeTiles(entry["block_n"], entry["num_warps"], entry["num_stages"])
-    return DecodeLaunch(tiles, entry["programs_per_sm"], entry.get("min_split_tokens", MIN_SPLIT_TOKENS))
+    return DecodeLaunch(tiles, entry["programs_per_sm"])

@@ -7,11 +7,12 @@ import functools
 import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
-from engine.attention.decode_tuning import MIN_SPLIT_TOKENS, PROGRAMS_PER_SM, decode_launch
+from engine.attention.decode_tuning import PROGRAMS_PER_SM, decode_launch
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
-from engine.layers.pdl import pdl_launch
 
+# NOTE: splitting stops once a partition would hold fewer tokens than this; each split costs a partial write.
+MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 
 
@@ -32,9 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
             launch = decode_launch(str(kv_cache.dtype).removeprefix("torch."))
             num_programs, num_sms = num_reqs * kv_cache.shape[3], _num_sms(query.device)
             num_splits = num_kv_splits(num_programs, metadata.max_seq_len, num_sms, launch.programs_per_sm)
-            pdl = pdl_launch("decode_attention", query.device)
-            decode_attention(*args, self.scale, num_splits, launch.tiles, min_split_tokens=launch.min_split_tokens,
-                             pdl=pdl)  # fmt: skip
+            decode_attention(*args, self.scale, num_splits, launch.tiles)
         if max_query_len > 1:
             prefill_attention(*args, self.scale)
         return output
@@ -44,9 +43,7 @@ def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int, programs_pe
     """How many partitions each decode context is cut into so that the decode kernel fills the GPU.
 
     Depends only on the batch's (request, KV head) count and max_seq_len (a bound): the kernel is correct
-    for any count, so a CUDA graph captured with one stays right for other context lengths. Splitting stops once a
-    partition would hold fewer than MIN_SPLIT_TOKENS tokens (the kernel applies the table's min_split_tokens, by
-    default the same, to each request's own length).
+    for any count, so a CUDA graph captured with one stays right for other context lengths.
     """
     wanted = -(-programs_per_sm * num_sms // max(num_programs, 1))
     by_length = -(-max_seq_len // MIN_SPLIT_TOKENS)

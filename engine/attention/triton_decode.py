@@ -2,13 +2,9 @@
 """Split-KV (flash-decoding) paged attention for requests with one query token, and its launcher.
 
 Grid (num_reqs, num_kv_heads, num_splits): each program loads every K/V row of its context partition once
-and serves all query heads of its GQA group in one [BLOCK_G, HEAD_DIM] tile. num_splits is a bound chosen on the
-host (a CUDA graph keeps it while contexts grow); each request's partition count is chosen on the device from its
-own length: one partition per `min_split_tokens` tokens, at most num_splits. A request in one partition gets its
-output written directly (the reduce skips it); else the programs write normalised partial outputs and their
-log2-sum-exp, and a second kernel combines them. Programs past a request's partition count return at once.
+and serves all query heads of its GQA group in one [BLOCK_G, HEAD_DIM] tile. With more than one split, the
+programs write normalised partial outputs and their log2-sum-exp, and a second kernel combines them.
 Requests whose query length is not 1 are left untouched (the prefill kernel owns them).
-With `pdl` both kernels are programmatic dependent launches (engine.layers.pdl): the metadata loads before the wait.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_checks import check_attention_args
-from engine.layers.pdl import pdl_supported
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,40 +76,23 @@ def kv_tile(x, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
     return y
 
 
-@triton.jit
-def _decode_request(query_start_loc_ptr, seq_lens_ptr, req, num_splits, min_split_tokens, PDL: tl.constexpr):
-    """(first query row, query length, context length, partition count) of a request; with PDL, signals the
-    successor first and waits for the predecessor last (the metadata is written before the step's kernels)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + req)
-    num_parts = tl.maximum(tl.minimum((seq_len + min_split_tokens - 1) // min_split_tokens, num_splits), 1)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    return q_start, q_len, seq_len, num_parts
-
-
-@triton.jit(do_not_specialize=["num_splits", "min_split_tokens"])
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
     qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
     stride_oh, stride_bt,
-    num_q_heads, num_splits, min_split_tokens,
+    num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    q_start, q_len, seq_len, num_parts = _decode_request(
-        query_start_loc_ptr, seq_lens_ptr, req, num_splits, min_split_tokens, PDL
-    )
-    if (q_len != 1) | (split >= num_parts):
+    q_start = tl.load(query_start_loc_ptr + req)
+    if tl.load(query_start_loc_ptr + req + 1) - q_start != 1:
         return
-    split_len = ((seq_len + num_parts - 1) // num_parts + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    seq_len = tl.load(seq_lens_ptr + req)
+    split_len = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
 
@@ -153,38 +131,33 @@ def _decode_kernel(
         m_i = m_new
     acc = acc * v_scale
 
-    dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    if SPLIT:
-        if num_parts > 1:
-            # NOTE: an empty partition (rounding to BLOCK_N) writes lse = -inf and zeros, which the reduce weighs 0.
-            has_rows = l_i > 0
-            out = acc / tl.where(has_rows, l_i, 1.0)[:, None]
-            lse = tl.where(has_rows, m_i + tl.log2(tl.where(has_rows, l_i, 1.0)), float("-inf"))
-            part = (req * num_splits + split) * num_q_heads + heads
-            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=g_mask[:, None])
-            tl.store(part_lse_ptr + part, lse, mask=g_mask)
-        else:
-            tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    if not SPLIT:
+        out = acc / l_i[:, None]
+        dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
-        tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the reduce weighs 0.
+        has_rows = l_i > 0
+        out = acc / tl.where(has_rows, l_i, 1.0)[:, None]
+        lse = tl.where(has_rows, m_i + tl.log2(tl.where(has_rows, l_i, 1.0)), float("-inf"))
+        part = (req * num_splits + split) * num_q_heads + heads
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=g_mask[:, None])
+        tl.store(part_lse_ptr + part, lse, mask=g_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits", "min_split_tokens"])
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, stride_ot, stride_oh, num_q_heads,
-    num_splits, min_split_tokens, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, stride_ot, stride_oh, num_q_heads, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     head = tl.program_id(1)
-    q_start, q_len, _, num_parts = _decode_request(
-        query_start_loc_ptr, seq_lens_ptr, req, num_splits, min_split_tokens, PDL
-    )
-    # NOTE: a request in one partition already has its output (the decode kernel wrote it).
-    if (q_len != 1) | (num_parts == 1):
+    q_start = tl.load(query_start_loc_ptr + req)
+    if tl.load(query_start_loc_ptr + req + 1) - q_start != 1:
         return
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, HEAD_DIM)
-    s_mask = s < num_parts
+    s_mask = s < num_splits
     part = (req * num_splits + s) * num_q_heads + head
     lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, 0))
@@ -204,26 +177,18 @@ def decode_attention(
     num_splits: int,
     tiles: DecodeTiles | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
-    min_split_tokens: int = 1,
-    pdl: bool = False,
 ) -> None:
     """Attention of every request whose query length is 1 over its paged context, written into output.
 
     query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides, unit on D);
     query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table [num_reqs, max_blocks] (int32).
-    Correct for any num_splits >= 1 and min_split_tokens >= 1, which only set how finely each context is
-    partitioned (at most num_splits partitions, one per min_split_tokens tokens). A float8_e4m3fn kv_cache holds
-    K / kv_scales[0] and V / kv_scales[1] (read back in the query's dtype). pdl: programmatic dependent launches
-    (where the device has them).
+    Correct for any num_splits >= 1, which only sets how finely each context is partitioned. A float8_e4m3fn
+    kv_cache holds K / kv_scales[0] and V / kv_scales[1] (read back in the query's dtype).
     """
     group = check_attention_args(query, kv_cache, output, query_start_loc, seq_lens, block_table)
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     if num_splits < 1:
         raise ValueError(f"num_splits {num_splits} < 1")
-    if min_split_tokens < 1:
-        raise ValueError(f"min_split_tokens {min_split_tokens} < 1")
-    pdl = pdl and pdl_supported(query.device)
-    launch_options = {"launch_pdl": True} if pdl else {}  # NOTE: only a PDL launch names the option
     tiles = tiles or DecodeTiles()
     num_reqs = seq_lens.shape[0]
     num_q_heads = query.shape[1]
@@ -254,7 +219,6 @@ def decode_attention(
         block_table.stride(0),
         num_q_heads,
         num_splits,
-        min_split_tokens,
         GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -265,10 +229,8 @@ def decode_attention(
         # NOTE: Triton's interpreter (CPU tests) runs no inline assembly: there the same conversion is a plain cast.
         FP8_ASM=kv_cache.is_cuda,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        PDL=pdl,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        **launch_options,
     )
     if num_splits > 1:
         _reduce_kernel[(num_reqs, num_q_heads)](
@@ -276,14 +238,10 @@ def decode_attention(
             part_lse,
             output,
             query_start_loc,
-            seq_lens,
             output.stride(0),
             output.stride(1),
             num_q_heads,
             num_splits,
-            min_split_tokens,
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
-            PDL=pdl,
-            **launch_options,
         )

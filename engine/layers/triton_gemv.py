@@ -3,8 +3,6 @@
 weight once, and this kernel streams them ~5-15% faster than cuBLAS's choice for the 8B projection shapes
 (bench/kernel_gemv.py, H100). Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, keeping
 BLOCK_N x BLOCK_K float32 partial sums so the loads of the next tile need not wait for a reduction.
-Where engine/layers/pdl_launches.json names "gemv", it is a programmatic dependent launch (engine.layers.pdl): it
-signals its successor, loads its first weight tile, then waits for the previous kernel before it reads x.
 """
 
 from __future__ import annotations
@@ -14,30 +12,19 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_launch
-
 BLOCK_K = 512
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
     x_ptrs = x_ptr + cols
-    if PDL:
-        # NOTE: no kernel writes the weights: the first tile loads before the wait for the previous kernel.
-        tl.extra.cuda.gdc_launch_dependents()
-        w_first = tl.load(w_ptrs)
-        tl.extra.cuda.gdc_wait()
-        acc += w_first.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    for _ in range(PDL * BLOCK_K, K, BLOCK_K):
+    for _ in range(0, K, BLOCK_K):
         acc += tl.load(w_ptrs).to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -67,9 +54,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_n = _block_n(n)
-    pdl = pdl_launch("gemv", x.device)
     _gemv_kernel[(n // block_n,)](
         x, weight, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        PDL=pdl, num_warps=4, num_stages=4, **({"launch_pdl": True} if pdl else {}),
+        num_warps=4, num_stages=4,
     )  # fmt: skip
     return out

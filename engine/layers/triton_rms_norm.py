@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_launch, pdl_supported
+from engine.layers.pdl import pdl_supported
 
 MAX_HIDDEN_SIZE = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -23,7 +23,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o, stride_ro,
     hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
-    PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
     if PDL_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: the next GEMV may start loading weights
@@ -31,15 +30,13 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden_size
     dtype = out_ptr.dtype.element_ty
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if PDL_WAIT:
-        tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch: x and the residual are the previous kernels' outputs
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         x = (x + residual).to(dtype).to(tl.float32)
     variance = tl.sum(x * x, axis=0) / hidden_size
     normed = (x * tl.math.rsqrt(variance + eps)).to(dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     # NOTE: both stores come after the reduction, which every load feeds, so in-place outputs are safe.
     if HAS_RESIDUAL:
         tl.store(residual_out_ptr + row * stride_ro + cols, x.to(dtype), mask=mask)
@@ -106,7 +103,6 @@ def _launch(
     if num_tokens == 0:
         return
     block = triton.next_power_of_2(hidden_size)
-    pdl = pdl_launch("rms_norm", x.device)
     _rms_norm_kernel[(num_tokens,)](
         x,
         residual,
@@ -122,9 +118,7 @@ def _launch(
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         PDL_TRIGGER=pdl_supported(x.device),
-        PDL_WAIT=pdl,
         num_warps=_num_warps(block),
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )
 
 

@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_launch
-
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -95,18 +93,14 @@ def _qk_norm_rope_store_kernel(
     qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, cache_ptr, slot_mapping_ptr, q_out_ptr, eps,
     k_scale, v_scale, stride_qkv, stride_cos_sin, stride_cb, stride_ckv, stride_ct, stride_ch, stride_qt, stride_qh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: attention may start reading its metadata
     token = tl.program_id(0).to(tl.int64)
     dtype = q_out_ptr.dtype.element_ty
     d = tl.arange(0, HEAD_DIM // 2)
     cos_sin = cos_sin_ptr + tl.load(positions_ptr + token) * stride_cos_sin
     cos = tl.load(cos_sin + d).to(dtype).to(tl.float32)[None, :]
     sin = tl.load(cos_sin + HEAD_DIM // 2 + d).to(dtype).to(tl.float32)[None, :]
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # NOTE: qkv is the previous kernel's output; positions and cos/sin are not
     row = qkv_ptr + token * stride_qkv
     if tl.program_id(1) == 0:
         q_out = q_out_ptr + token * stride_qt
@@ -152,7 +146,6 @@ def qk_norm_rope_store(
     if num_tokens == 0:
         return out
     block_hq = triton.next_power_of_2(num_heads)
-    pdl = pdl_launch("qk_norm_rope_store", qkv.device)
     _qk_norm_rope_store_kernel[(num_tokens, 2)](
         qkv,
         positions,
@@ -181,11 +174,9 @@ def qk_norm_rope_store(
         PAGE=kv_cache.shape[2],
         HAS_NORM=q_norm_weight is not None,
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
-        PDL=pdl,
         num_warps=4 if block_hq * head_dim <= 2048 else 8,
         # NOTE: no FMA contraction, or `x1 * cos - x2 * sin` skips the product's rounding that torch does.
         enable_fp_fusion=False,
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )
     return out
 

@@ -43,22 +43,3 @@ def test_test_lines_keep_verdicts_and_assertions(tmp_path: Path) -> None:
     log = ["PASSED tests/a.py::test_x", "noise", "E   AssertionError: relative error 2e-2", "===== 1 failed, 1 passed"]
     (tmp_path / "gpu_tests.log").write_text("\n".join(log))
     assert section_lines(tmp_path, "tests=gpu_tests")[1:] == ["  " + log[0], "  " + log[3], "  " + log[2]]
-
-
-def test_decode_ab_lines_sum_the_small_kernels_per_variant(tmp_path: Path) -> None:
-    def profile(wall: float, reduce_us: float) -> dict[str, object]:
-        top = [{"name": "_gemv_kernel", "us_per_step": 900.0}, {"name": "_decode_kernel", "us_per_step": 180.0},
-               {"name": "_reduce_kernel", "us_per_step": reduce_us}]  # fmt: skip
-        return {"wall_us_per_step": wall, "gpu_idle_fraction": 0.05, "kernels_per_step": 376, "top_kernels": top}
-
-    runs = {"main ctx128": profile(3840, 99), "pdl ctx128": profile(3600, 40), "main w1": {"tpot_ms_p50": 3.84},
-            "pdl w1": {"tpot_ms_p50": 3.6}}  # fmt: skip
-    _write(tmp_path, "decode_ab_fp8.json", runs)
-    small = "rms_norm 0, qk_norm_rope_store 0, silu_and_mul 0"
-    assert section_lines(tmp_path, "decode_ab=fp8,gptq") == [
-        "decode step fp8 bs1 ctx128 (us per step: wall, idle, kernels; small kernels' us)",
-        f"  main     wall 3840, idle 5.0%, 376 kernels; decode 180, reduce 99, {small}",
-        f"  pdl      wall 3600, idle 5.0%, 376 kernels; decode 180, reduce 40, {small}",
-        "W1 TPOT p50 ms, fp8: main 3.840, pdl 3.600 (target <= 3.2)",
-        "decode steps gptq: no result (see decode_ab_gptq.log)",
-    ]
