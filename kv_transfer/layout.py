@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, astuple, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from common.errors import InvalidArgumentError
 from kv_transfer.state import LayoutMismatchError
@@ -48,7 +48,7 @@ class KVRank:
         return self.tp_size * self.pp_size
 
     @classmethod
-    def of_world_rank(cls, world_rank: int, tp_size: int, pp_size: int) -> KVRank:
+    def of_world_rank(cls, world_rank: int, tp_size: int, pp_size: int) -> Self:
         return cls(world_rank % tp_size, tp_size, world_rank // tp_size, pp_size)
 
 

@@ -6,24 +6,13 @@ from dataclasses import dataclass
 
 from common.errors import InvalidArgumentError
 from engine.models.arch_config import ArchConfig
+from kv_transfer.layout import KVRank
 
 
 @dataclass(frozen=True, slots=True)
-class ParallelRank:
-    """World rank = pp_rank * tp_size + tp_rank: the TP ranks of one stage are neighbours."""
-
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-
-    @property
-    def world_rank(self) -> int:
-        return self.pp_rank * self.tp_size + self.tp_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
+class ParallelRank(KVRank):
+    """A worker's place in the grid (kv_transfer's KVRank: world rank = pp_rank * tp_size + tp_rank, the TP ranks of
+    one stage neighbours) and the parts of the model that place holds."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -32,10 +21,6 @@ class ParallelRank:
     @property
     def is_last_stage(self) -> bool:
         return self.pp_rank == self.pp_size - 1
-
-    @classmethod
-    def of_world_rank(cls, world_rank: int, tp_size: int, pp_size: int) -> ParallelRank:
-        return cls(world_rank % tp_size, tp_size, world_rank // tp_size, pp_size)
 
     def split(self, total: int) -> slice:
         """This TP rank's equal part of `total` (which the sizes check made divisible)."""
