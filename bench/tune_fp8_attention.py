@@ -1,6 +1,7 @@
 """Tunes the decode kernel on an fp8 KV pool at batch 64 (Qwen3-8B head shape, one layer, CUDA-graph replays):
-every tile shape (45) x split density (6), the fastest written to engine/attention/decode_tuning.json (other dtypes' entries
-kept), the whole sweep to <out>/tune_fp8_attention.json. Contexts 1k and 8k are timed with the winner as a check.
+every tile shape (45) x split density (6), the fastest written to engine/attention/decode_tuning.json (other
+dtypes' entries kept), the whole sweep to <out>/tune_fp8_attention.json. Contexts 1k and 8k are timed with the
+winner as a check.
 
 python3 bench/tune_fp8_attention.py --out $OUT     (GPU only; about four minutes, compilation included)
 """
