@@ -4,6 +4,7 @@ ends at once with its status and RetryInfo, unparsed and unseen by the servicer;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,6 +37,22 @@ class _Servicer(generation_pb2_grpc.GenerationServiceServicer):
         return generation_pb2.TokenizeResponse(token_ids=[1], num_tokens=1)
 
 
+@contextlib.asynccontextmanager
+async def _door(
+    admission: RouterAdmission, metrics: ServiceMetrics, servicer: generation_pb2_grpc.GenerationServiceServicer
+) -> AsyncIterator[grpc.aio.Channel]:
+    """A real gRPC server with the door and the error interceptor in front of `servicer`, and a channel to it."""
+    server = grpc.aio.server(interceptors=[AdmissionInterceptor(admission, metrics), ErrorInterceptor()])
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(None)
+
+
 @pytest.mark.anyio
 async def test_the_door_refuses_while_full_or_draining_and_lets_the_rest_through() -> None:
     draining = [False]
@@ -43,35 +60,28 @@ async def test_the_door_refuses_while_full_or_draining_and_lets_the_rest_through
     admission = RouterAdmission(config, lambda: 1, lambda: draining[0])
     metrics = ServiceMetrics("router")
     servicer = _Servicer()
-    server = grpc.aio.server(interceptors=[AdmissionInterceptor(admission, metrics), ErrorInterceptor()])
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = generation_pb2_grpc.GenerationServiceStub(channel)
-            garbage = channel.unary_stream(GENERATE_METHOD)  # raw bytes out and in
-            tokenize = generation_pb2.TokenizeRequest(text="hi")
+    async with _door(admission, metrics, servicer) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        garbage = channel.unary_stream(GENERATE_METHOD)  # raw bytes out and in
+        tokenize = generation_pb2.TokenizeRequest(text="hi")
 
-            assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="a"))] == ["a"]
-            ticket = admission.admission.admit("someone", 10, admission.limits())
-            for call in (stub.Generate(generation_pb2.GenerateRequest(request_id="b")), garbage(b"\xff\xff")):
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    [r async for r in call]
-                assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert refused.value.details() == "overloaded: 1 requests waiting (limit 1)"
-                assert retry_delay_s(refused.value) == MAX_RETRY_S
-            assert (await stub.Tokenize(tokenize)).num_tokens == 1
-
-            admission.admission.finish(ticket)
-            draining[0] = True
+        assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="a"))] == ["a"]
+        ticket = admission.admission.admit("someone", 10, admission.limits())
+        for call in (stub.Generate(generation_pb2.GenerateRequest(request_id="b")), garbage(b"\xff\xff")):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))]
-            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
-            assert retry_delay_s(refused.value) == DRAIN_RETRY_S
-            assert (await stub.Tokenize(tokenize)).num_tokens == 1
-    finally:
-        await server.stop(None)
+                [r async for r in call]
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.details() == "overloaded: 1 requests waiting (limit 1)"
+            assert retry_delay_s(refused.value) == MAX_RETRY_S
+        assert (await stub.Tokenize(tokenize)).num_tokens == 1
+
+        admission.admission.finish(ticket)
+        draining[0] = True
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))]
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert retry_delay_s(refused.value) == DRAIN_RETRY_S
+        assert (await stub.Tokenize(tokenize)).num_tokens == 1
     assert servicer.calls == ["Generate", "Tokenize", "Tokenize"]
     rejections = {
         code: metrics.registry.get_sample_value("pdserve:router_rejections_total", {"role": "router", "code": code})
@@ -100,41 +110,32 @@ async def test_a_call_let_in_holds_its_place_until_it_ends_however_it_ends() -> 
         RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=MAX_RETRY_S), lambda: 1
     )
     servicer = _HoldingServicer()
-    server = grpc.aio.server(
-        interceptors=[AdmissionInterceptor(admission, ServiceMetrics("router")), ErrorInterceptor()]
-    )
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = generation_pb2_grpc.GenerationServiceStub(channel)
-            first = stub.Generate(generation_pb2.GenerateRequest(request_id="a"))
-            assert (await first.read()).request_id == "a"
-            assert (servicer.held, admission.admission.num_held) == ([True], 1)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:  # the queue is full of the first call's place
-                [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="b"))]
-            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            first.cancel()
-            for _ in range(100):
-                if admission.admission.num_held == 0:
-                    break
-                await asyncio.sleep(0.01)
-            assert admission.admission.num_held == 0
-            unparsed = channel.unary_stream(GENERATE_METHOD)(b"\xff\xff")
-            with pytest.raises(grpc.aio.AioRpcError) as invalid:
-                [r async for r in unparsed]
-            assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-            no_request = channel.stream_stream(GENERATE_METHOD)(iter([]))  # a raw client that sends no message
-            with pytest.raises(grpc.aio.AioRpcError) as invalid:
-                [r async for r in no_request]
-            assert (invalid.value.code(), invalid.value.details()) == (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "request: no request message was sent",
-            )
-            assert admission.admission.num_held == 0
-            servicer.release.set()
-            assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))] == ["c"]
-            assert (servicer.held, admission.admission.num_held) == ([True, True], 0)
-    finally:
-        await server.stop(None)
+    async with _door(admission, ServiceMetrics("router"), servicer) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        first = stub.Generate(generation_pb2.GenerateRequest(request_id="a"))
+        assert (await first.read()).request_id == "a"
+        assert (servicer.held, admission.admission.num_held) == ([True], 1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # the queue is full of the first call's place
+            [r async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="b"))]
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        first.cancel()
+        for _ in range(100):
+            if admission.admission.num_held == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert admission.admission.num_held == 0
+        unparsed = channel.unary_stream(GENERATE_METHOD)(b"\xff\xff")
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            [r async for r in unparsed]
+        assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        no_request = channel.stream_stream(GENERATE_METHOD)(iter([]))  # a raw client that sends no message
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            [r async for r in no_request]
+        assert (invalid.value.code(), invalid.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request: no request message was sent",
+        )
+        assert admission.admission.num_held == 0
+        servicer.release.set()
+        assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))] == ["c"]
+        assert (servicer.held, admission.admission.num_held) == ([True, True], 0)
