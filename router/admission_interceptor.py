@@ -7,8 +7,9 @@ servicer task, and ends at once with the status of the refusal (UNAVAILABLE or R
 RetryInfo, as common.grpc_errors reports them), counted in the router's rejection metric. A call let in holds a
 place in the queue from here on (its DoorPass, router.admission), so that the calls of a burst beyond the queue are
 refused here too, not after tokenizing; its handler runs with the pass in its context and gives it back when it
-ends, if the lifecycle has not taken it over. It meets the same checks again in the lifecycle (with the per-client
-limit, which needs the call's peer), and the HTTP API meets them there only.
+ends, if the lifecycle has not taken it over. Let in while calls arrive in a burst, it waits for the burst to pass
+before it starts (router.door_burst), so that the door answers the burst first. It meets the same checks again in
+the lifecycle (with the per-client limit, which needs the call's peer), and the HTTP API meets them there only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from common.grpc_errors import to_status
 from common.metrics import ServiceMetrics
 from pdserve.v1 import generation_pb2
 from router.admission import DOOR_PASS, DoorPass, RouterAdmission
+from router.door_burst import DoorBurst
 
 GENERATE_METHOD = "/{}/Generate".format(generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name)
 
@@ -32,9 +34,10 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     """Refuses a Generate call at once while `admission.enter` does, and lets the others in holding their place in
     the queue; every other call passes untouched."""
 
-    def __init__(self, admission: RouterAdmission, metrics: ServiceMetrics) -> None:
+    def __init__(self, admission: RouterAdmission, metrics: ServiceMetrics, burst: DoorBurst | None = None) -> None:
         self._admission = admission
         self._metrics = metrics
+        self._burst = burst or DoorBurst()
 
     async def intercept_service(
         self,
@@ -43,6 +46,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         if handler_call_details.method != GENERATE_METHOD:
             return await continuation(handler_call_details)
+        crowded = self._burst.arrived()
         try:
             door_pass = self._admission.enter()
         except PdserveError as exc:
@@ -55,7 +59,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             door_pass.release()
             return None
-        return _holding(handler, door_pass)
+        return _holding(handler, door_pass, self._burst if crowded else None)
 
     def _refusing(self, status: grpc.Status) -> grpc.RpcMethodHandler[Any, Any]:
         """A handler that ends its call with `status` without reading its request.
@@ -74,9 +78,11 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(refuse)
 
 
-def _holding(handler: grpc.RpcMethodHandler[Any, Any], door_pass: DoorPass) -> grpc.RpcMethodHandler[Any, Any]:
+def _holding(
+    handler: grpc.RpcMethodHandler[Any, Any], door_pass: DoorPass, burst: DoorBurst | None
+) -> grpc.RpcMethodHandler[Any, Any]:
     """`handler` (a unary-stream method's, its behavior a coroutine that writes its responses) run with `door_pass` in
-    its context, which it gives back when it ends.
+    its context, which it gives back when it ends, once a burst at the door has passed (router.door_burst).
 
     NOTE: filed as request-streaming, as `_refusing` is, so that gRPC calls it at once: a unary-stream handler is
     called only once its request arrived, and a call cancelled before that would never give its place back.
@@ -87,6 +93,8 @@ def _holding(handler: grpc.RpcMethodHandler[Any, Any], door_pass: DoorPass) -> g
     async def serve(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         token = DOOR_PASS.set(door_pass)
         try:
+            if burst is not None:
+                await burst.settled()
             request = await context.read()
             if request is grpc.aio.EOF:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: no request message was sent")

@@ -18,6 +18,7 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.admission import DOOR_PASS, DRAIN_RETRY_S, RouterAdmission
 from router.admission_interceptor import GENERATE_METHOD, AdmissionInterceptor
 from router.config import RouterConfig
+from router.door_burst import DoorBurst
 
 MAX_RETRY_S = 2.0
 
@@ -39,10 +40,14 @@ class _Servicer(generation_pb2_grpc.GenerationServiceServicer):
 
 @contextlib.asynccontextmanager
 async def _door(
-    admission: RouterAdmission, metrics: ServiceMetrics, servicer: generation_pb2_grpc.GenerationServiceServicer
+    admission: RouterAdmission,
+    metrics: ServiceMetrics,
+    servicer: generation_pb2_grpc.GenerationServiceServicer,
+    burst: DoorBurst | None = None,
 ) -> AsyncIterator[grpc.aio.Channel]:
-    """A real gRPC server with the door and the error interceptor in front of `servicer`, and a channel to it."""
-    server = grpc.aio.server(interceptors=[AdmissionInterceptor(admission, metrics), ErrorInterceptor()])
+    """A real gRPC server with the door (`burst`: its burst, else the default) and the error interceptor in front of
+    `servicer`, and a channel to it."""
+    server = grpc.aio.server(interceptors=[AdmissionInterceptor(admission, metrics, burst), ErrorInterceptor()])
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -139,3 +144,26 @@ async def test_a_call_let_in_holds_its_place_until_it_ends_however_it_ends() -> 
         servicer.release.set()
         assert [r.request_id async for r in stub.Generate(generation_pb2.GenerateRequest(request_id="c"))] == ["c"]
         assert (servicer.held, admission.admission.num_held) == ([True, True], 0)
+
+
+@pytest.mark.anyio
+async def test_during_a_burst_the_door_answers_before_a_call_let_in_starts() -> None:
+    admission = RouterAdmission(
+        RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=MAX_RETRY_S), lambda: 1
+    )
+    servicer = _Servicer()
+    burst = DoorBurst(burst_calls=1, quiet_s=0.5, max_defer_s=5.0)  # every arrival is a burst, quiet after 0.5 s
+    async with _door(admission, ServiceMetrics("router"), servicer, burst) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        let_in = asyncio.ensure_future(_request_ids(stub.Generate(generation_pb2.GenerateRequest(request_id="a"))))
+        await asyncio.sleep(0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _request_ids(stub.Generate(generation_pb2.GenerateRequest(request_id="b")))
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (servicer.calls, let_in.done()) == ([], False)  # refused while the call let in waits out the burst
+        assert await let_in == ["a"]
+    assert servicer.calls == ["Generate"]
+
+
+async def _request_ids(call: AsyncIterator[generation_pb2.GenerateResponse]) -> list[str]:
+    return [response.request_id async for response in call]

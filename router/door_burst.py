@@ -1,0 +1,71 @@
+"""A burst at the router's door, and the calls let in waiting it out.
+
+gRPC's asyncio server takes new calls one at a time from its completion queue, through a poller thread that needs the
+GIL, and each on a turn of the router's one event loop. So when hundreds of calls arrive at once and the few let in
+start their work (reading the request, tokenizing, routing, reserving), the rest reach the door only between those
+steps, and the calls that the door will only refuse wait for work they have no part in: on the 2-core machine a
+300-call burst's first refusal went out ~130 ms after its send, behind the 64 calls let in.
+
+So a call let in while calls arrive in a burst (`arrived`: BURST_CALLS within BURST_WINDOW_S, far above what a steady
+load sends) waits (`settled`) until QUIET_S pass without an arrival, at most MAX_DEFER_S, and the door answers the
+burst first. Calls let in outside a burst go on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+BURST_CALLS = 4
+BURST_WINDOW_S = 0.005
+"""BURST_CALLS arrivals within BURST_WINDOW_S make a burst (800 calls/s for that moment)."""
+QUIET_S = 0.003
+"""A gap between arrivals that ends a burst."""
+MAX_DEFER_S = 0.1
+"""Longest a call let in waits for a burst to pass (a burst that does not pass is a flood: serve anyway)."""
+
+
+class DoorBurst:
+    """Arrivals at the door (`arrived`), and a wait (`settled`) for the calls let in during a burst."""
+
+    def __init__(
+        self,
+        burst_calls: int = BURST_CALLS,
+        window_s: float = BURST_WINDOW_S,
+        quiet_s: float = QUIET_S,
+        max_defer_s: float = MAX_DEFER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._window_s = window_s
+        self._quiet_s = quiet_s
+        self._max_defer_s = max_defer_s
+        self._clock = clock
+        self._arrivals: deque[float] = deque(maxlen=burst_calls)
+        self._settled: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None  # NOTE: held so that the running task is not collected
+
+    def arrived(self) -> bool:
+        """A call came to the door (let in or refused): whether it came in a burst (or while one is waited out)."""
+        now = self._clock()
+        self._arrivals.append(now)
+        full = len(self._arrivals) == self._arrivals.maxlen
+        return self._settled is not None or (full and now - self._arrivals[0] <= self._window_s)
+
+    async def settled(self) -> None:
+        """Once `quiet_s` passed without an arrival, or `max_defer_s` after the first call that waited (every call
+        waiting for the same burst goes on at the same time)."""
+        if self._settled is None:
+            self._settled = asyncio.get_running_loop().create_future()
+            self._watcher = asyncio.create_task(self._watch(self._settled))
+        # NOTE: shielded: a waiting call that is cancelled must not cancel the others' wait.
+        await asyncio.shield(self._settled)
+
+    async def _watch(self, settled: asyncio.Future[None]) -> None:
+        deadline = self._clock() + self._max_defer_s
+        while (now := self._clock()) < (until := min(self._arrivals[-1] + self._quiet_s, deadline)):
+            await asyncio.sleep(until - now)
+        self._settled = None
+        self._watcher = None
+        settled.set_result(None)

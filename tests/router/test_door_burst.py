@@ -1,0 +1,64 @@
+"""A burst at the router's door (router.door_burst): which arrivals make one, and how long the calls let in during it
+wait (until the door is quiet, at most the longest deferral; a cancelled waiter leaves the others waiting)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from router.door_burst import DoorBurst
+
+
+def test_a_burst_is_that_many_arrivals_within_the_window() -> None:
+    now = [100.0]
+    burst = DoorBurst(burst_calls=3, window_s=0.005, clock=lambda: now[0])
+    seen = []
+    for step_s in (0.0, 0.002, 0.002, 0.002, 0.010, 0.004, 0.004, 0.0005):
+        now[0] += step_s
+        seen.append(burst.arrived())
+    # the 3rd and 4th arrivals came 4 ms after the one two before them; the 5th after a gap; the 6th and 7th
+    # 14 ms and 8 ms after theirs; the 8th 4.5 ms after the 6th
+    assert seen == [False, False, True, True, False, False, False, True]
+
+
+@pytest.mark.anyio
+async def test_a_call_let_in_during_a_burst_waits_until_the_door_is_quiet() -> None:
+    burst = DoorBurst(burst_calls=2, window_s=0.02, quiet_s=0.3, max_defer_s=5.0)
+    assert (burst.arrived(), burst.arrived()) == (False, True)
+    waiter = asyncio.create_task(burst.settled())
+    await asyncio.sleep(0.05)
+    assert burst.arrived()  # while a burst is waited out, every arrival is part of it
+    last_arrival = time.monotonic()
+    await asyncio.sleep(0.27)
+    assert not waiter.done()  # 0.32 s after the first two arrivals, but only 0.27 s after the last
+    await waiter
+    assert time.monotonic() - last_arrival >= 0.3
+    assert not burst.arrived()  # the burst passed: a lone arrival is no burst
+
+
+@pytest.mark.anyio
+async def test_a_flood_is_waited_out_at_most_max_defer() -> None:
+    burst = DoorBurst(burst_calls=2, window_s=1.0, quiet_s=0.15, max_defer_s=0.2)
+    burst.arrived()
+    burst.arrived()
+    started = time.monotonic()
+    waiter = asyncio.create_task(burst.settled())
+    while not waiter.done():  # an arrival every 10 ms, never a quiet 150 ms
+        burst.arrived()
+        await asyncio.sleep(0.01)
+    waited_s = time.monotonic() - started
+    assert 0.2 <= waited_s < 1.0, waited_s
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_waiter_leaves_the_others_waiting() -> None:
+    burst = DoorBurst(burst_calls=1, window_s=1.0, quiet_s=0.1, max_defer_s=5.0)
+    burst.arrived()
+    first, second = asyncio.create_task(burst.settled()), asyncio.create_task(burst.settled())
+    await asyncio.sleep(0.01)
+    first.cancel()
+    await asyncio.sleep(0.01)
+    assert first.cancelled() and not second.done()
+    await asyncio.wait_for(second, 1.0)
