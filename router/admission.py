@@ -92,6 +92,11 @@ class RouterAdmission:
         self.admission.hold(self.limits())
         return DoorPass(self.admission)
 
+    def filling(self) -> bool:
+        """Whether a quarter of the queue's places or more are taken (waiting calls and held places)."""
+        limit = self.limits().max_waiting_requests
+        return bool(limit) and self.admission.num_waiting + self.admission.num_held >= limit / 4
+
     def check(self, client: str | None) -> None:
         """As `enter` (not counting the calling call's own pass), and ResourceExhaustedError if `client` holds as
         many streams as it may."""

@@ -7,9 +7,10 @@ servicer task, and ends at once with the status of the refusal (UNAVAILABLE or R
 RetryInfo, as common.grpc_errors reports them), counted in the router's rejection metric. A call let in holds a
 place in the queue from here on (its DoorPass, router.admission), so that the calls of a burst beyond the queue are
 refused here too, not after tokenizing; its handler runs with the pass in its context and gives it back when it
-ends, if the lifecycle has not taken it over. Let in while calls arrive in a burst, it waits for the burst to pass
-before it starts (router.door_burst), so that the door answers the burst first. It meets the same checks again in
-the lifecycle (with the per-client limit, which needs the call's peer), and the HTTP API meets them there only.
+ends, if the lifecycle has not taken it over. Let in while calls arrive in a burst or while the queue is a quarter
+full, it waits for the arrivals to pause before it starts (router.door_burst), so that the door answers first. It
+meets the same checks again in the lifecycle (with the per-client limit, which needs the call's peer), and the HTTP
+API meets them there only.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         if handler_call_details.method != GENERATE_METHOD:
             return await continuation(handler_call_details)
-        crowded = self._burst.arrived()
+        crowded = self._burst.arrived() or self._admission.filling()
         try:
             door_pass = self._admission.enter()
         except PdserveError as exc:

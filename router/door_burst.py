@@ -7,8 +7,10 @@ steps, and the calls that the door will only refuse wait for work they have no p
 300-call burst's first refusal went out ~130 ms after its send, behind the 64 calls let in.
 
 So a call let in while calls arrive in a burst (`arrived`: BURST_CALLS within BURST_WINDOW_S, far above what a steady
-load sends) waits (`settled`) until QUIET_S pass without an arrival, at most MAX_DEFER_S, and the door answers the
-burst first. Calls let in outside a burst go on at once.
+load sends), or while the router's queue is filling (router.admission_interceptor asks), waits (`settled`) until
+QUIET_S pass without an arrival, at most MAX_DEFER_S, and the door answers the burst first. QUIET_S is long enough
+that a hiccup in the middle of a burst (a client or the garbage collector pausing) does not let the waiting calls'
+work in between its arrivals. Other calls go on at once.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from collections.abc import Callable
 BURST_CALLS = 4
 BURST_WINDOW_S = 0.005
 """BURST_CALLS arrivals within BURST_WINDOW_S make a burst (800 calls/s for that moment)."""
-QUIET_S = 0.003
+QUIET_S = 0.02
 """A gap between arrivals that ends a burst."""
-MAX_DEFER_S = 0.1
+MAX_DEFER_S = 0.25
 """Longest a call let in waits for a burst to pass (a burst that does not pass is a flood: serve anyway)."""
 
 

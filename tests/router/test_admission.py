@@ -35,6 +35,18 @@ def test_the_queue_limits_scale_with_the_live_prefill_pods() -> None:
     assert admission.limits() == AdmissionLimits(6, 200, 5, 0.05, 2.0)
 
 
+def test_the_queue_is_filling_from_a_quarter_of_its_places_held_or_waiting() -> None:
+    num_pods = [1]
+    admission = RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=8), lambda: num_pods[0])
+    admission.enter()
+    assert not admission.filling()  # 1 of 8
+    admission.admission.admit("someone", 10, admission.limits())
+    assert admission.filling()  # 2 of 8: one held, one waiting
+    num_pods[0] = 2
+    assert not admission.filling()  # 2 of 16
+    assert not RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=0), lambda: 1).filling()  # no limit
+
+
 async def _chunks(items: list[str], release: asyncio.Event) -> AsyncGenerator[str, None]:
     await release.wait()
     for item in items:
