@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.telemetry_config import TelemetryConfig
-from router.__main__ import parse_args
+from router.__main__ import freeze_startup_heap, parse_args
 from router.config import RouterConfig, RoutingConfig
 from router.security import RouterSecurity
 
@@ -43,3 +44,16 @@ def test_the_router_imports_no_torch(smollm2_path: Path) -> None:
         [sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
+    kept = [[] for _ in range(3)]  # lists: tracked by the collector
+    assert id(kept[0]) in {id(o) for o in gc.get_objects()}
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0
+        assert not {id(o) for o in kept} & {id(o) for o in gc.get_objects()}
+        later: list[object] = []
+        assert id(later) in {id(o) for o in gc.get_objects()}
+    finally:
+        gc.unfreeze()
