@@ -8,9 +8,10 @@ steps, and the calls that the door will only refuse wait for work they have no p
 
 So a call let in while calls arrive in a burst (`arrived`: BURST_CALLS within BURST_WINDOW_S, far above what a steady
 load sends), or while the router's queue is filling (router.admission_interceptor asks), waits (`settled`) until
-QUIET_S pass without an arrival, at most MAX_DEFER_S, and the door answers the burst first. QUIET_S is long enough
-that a hiccup in the middle of a burst (a client or the garbage collector pausing) does not let the waiting calls'
-work in between its arrivals. Other calls go on at once.
+fewer than BURST_CALLS calls arrived in the last QUIET_S, at most MAX_DEFER_S, and the door answers the burst first.
+QUIET_S is long enough that a hiccup in the middle of a burst (a client or the garbage collector pausing) does not
+let the waiting calls' work in between its arrivals, and a steady load (under BURST_CALLS / QUIET_S = 200 calls/s)
+lets a waiting call go at once. Other calls go on at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ BURST_CALLS = 4
 BURST_WINDOW_S = 0.005
 """BURST_CALLS arrivals within BURST_WINDOW_S make a burst (800 calls/s for that moment)."""
 QUIET_S = 0.02
-"""A gap between arrivals that ends a burst."""
+"""A burst has passed once fewer than BURST_CALLS calls arrived within QUIET_S."""
 MAX_DEFER_S = 0.25
 """Longest a call let in waits for a burst to pass (a burst that does not pass is a flood: serve anyway)."""
 
@@ -56,8 +57,8 @@ class DoorBurst:
         return self._settled is not None or (full and now - self._arrivals[0] <= self._window_s)
 
     async def settled(self) -> None:
-        """Once `quiet_s` passed without an arrival, or `max_defer_s` after the first call that waited (every call
-        waiting for the same burst goes on at the same time)."""
+        """Once fewer than `burst_calls` calls arrived within the last `quiet_s`, or `max_defer_s` after the first
+        call that waited (every call waiting for the same burst goes on at the same time)."""
         if self._settled is None:
             self._settled = asyncio.get_running_loop().create_future()
             self._watcher = asyncio.create_task(self._watch(self._settled))
@@ -66,8 +67,14 @@ class DoorBurst:
 
     async def _watch(self, settled: asyncio.Future[None]) -> None:
         deadline = self._clock() + self._max_defer_s
-        while (now := self._clock()) < (until := min(self._arrivals[-1] + self._quiet_s, deadline)):
+        # NOTE: the oldest of the last `burst_calls` arrivals leaves the window at its arrival + quiet_s.
+        while (now := self._clock()) < (until := min(self._busy_until(), deadline)):
             await asyncio.sleep(until - now)
         self._settled = None
         self._watcher = None
         settled.set_result(None)
+
+    def _busy_until(self) -> float:
+        """When fewer than `burst_calls` of the arrivals so far will lie within the last `quiet_s`."""
+        full = len(self._arrivals) == self._arrivals.maxlen
+        return self._arrivals[0] + self._quiet_s if full else -float("inf")

@@ -24,18 +24,36 @@ def test_a_burst_is_that_many_arrivals_within_the_window() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_call_let_in_during_a_burst_waits_until_the_door_is_quiet() -> None:
-    burst = DoorBurst(burst_calls=2, window_s=0.02, quiet_s=0.3, max_defer_s=5.0)
-    assert (burst.arrived(), burst.arrived()) == (False, True)
+async def test_a_call_let_in_during_a_burst_waits_until_the_arrivals_thin_out() -> None:
+    burst = DoorBurst(burst_calls=3, window_s=0.02, quiet_s=0.3, max_defer_s=5.0)
+    started = time.monotonic()
+    assert (burst.arrived(), burst.arrived(), burst.arrived()) == (False, False, True)
     waiter = asyncio.create_task(burst.settled())
-    await asyncio.sleep(0.05)
-    assert burst.arrived()  # while a burst is waited out, every arrival is part of it
-    last_arrival = time.monotonic()
-    await asyncio.sleep(0.27)
-    assert not waiter.done()  # 0.32 s after the first two arrivals, but only 0.27 s after the last
+    for _ in range(2):
+        await asyncio.sleep(0.05)
+        assert burst.arrived()  # while a burst is waited out, every arrival is part of it
+    await asyncio.sleep(0.1)
+    assert not waiter.done()  # 0.2 s in: all 3 of the last 3 arrivals within 0.3 s
     await waiter
-    assert time.monotonic() - last_arrival >= 0.3
-    assert not burst.arrived()  # the burst passed: a lone arrival is no burst
+    assert time.monotonic() - started >= 0.3  # the first of them (at 0 s) left the window at 0.3 s
+    await asyncio.sleep(0.1)
+    burst.arrived()
+    assert not burst.arrived()  # the burst passed: arrivals at a steady load's pace are no burst
+
+
+@pytest.mark.anyio
+async def test_the_wait_lasts_while_arrivals_keep_the_rate_of_a_burst() -> None:
+    burst = DoorBurst(burst_calls=2, window_s=0.02, quiet_s=0.3, max_defer_s=5.0)
+    burst.arrived()
+    burst.arrived()
+    waiter = asyncio.create_task(burst.settled())
+    for _ in range(4):  # an arrival every 0.1 s: 2 within 0.3 s all along
+        await asyncio.sleep(0.1)
+        burst.arrived()
+        assert not waiter.done()
+    last = time.monotonic()
+    await waiter
+    assert time.monotonic() - last >= 0.2  # until the second last arrival is 0.3 s old
 
 
 @pytest.mark.anyio
