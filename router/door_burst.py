@@ -53,8 +53,7 @@ class DoorBurst:
         """A call came to the door (let in or refused): whether it came in a burst (or while one is waited out)."""
         now = self._clock()
         self._arrivals.append(now)
-        full = len(self._arrivals) == self._arrivals.maxlen
-        return self._settled is not None or (full and now - self._arrivals[0] <= self._window_s)
+        return self._settled is not None or now - self._oldest() <= self._window_s
 
     async def settled(self) -> None:
         """Once fewer than `burst_calls` calls arrived within the last `quiet_s`, or `max_defer_s` after the first
@@ -68,13 +67,12 @@ class DoorBurst:
     async def _watch(self, settled: asyncio.Future[None]) -> None:
         deadline = self._clock() + self._max_defer_s
         # NOTE: the oldest of the last `burst_calls` arrivals leaves the window at its arrival + quiet_s.
-        while (now := self._clock()) < (until := min(self._busy_until(), deadline)):
+        while (now := self._clock()) < (until := min(self._oldest() + self._quiet_s, deadline)):
             await asyncio.sleep(until - now)
         self._settled = None
         self._watcher = None
         settled.set_result(None)
 
-    def _busy_until(self) -> float:
-        """When fewer than `burst_calls` of the arrivals so far will lie within the last `quiet_s`."""
-        full = len(self._arrivals) == self._arrivals.maxlen
-        return self._arrivals[0] + self._quiet_s if full else -float("inf")
+    def _oldest(self) -> float:
+        """When the oldest of the last `burst_calls` arrivals came (-inf while fewer came)."""
+        return self._arrivals[0] if len(self._arrivals) == self._arrivals.maxlen else -float("inf")
