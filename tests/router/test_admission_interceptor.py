@@ -152,7 +152,7 @@ async def test_during_a_burst_the_door_answers_before_a_call_let_in_starts() -> 
         RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=MAX_RETRY_S), lambda: 1
     )
     servicer = _Servicer()
-    burst = DoorBurst(burst_calls=1, quiet_s=0.5, max_defer_s=5.0)  # every arrival is a burst, quiet after 0.5 s
+    burst = DoorBurst(burst_calls=1, quiet_s=1.0, max_defer_s=5.0)  # every arrival is a burst, quiet after 1 s
     async with _door(admission, ServiceMetrics("router"), servicer, burst) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         let_in = asyncio.ensure_future(_request_ids(stub.Generate(generation_pb2.GenerateRequest(request_id="a"))))
