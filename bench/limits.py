@@ -41,8 +41,10 @@ def measure_limits(dtype: torch.dtype) -> DeviceLimits:
 
 
 def decode_bytes_per_step(model: LlamaForCausalLM, kv_bytes_per_token: int, context_len: int) -> int:
-    """Bytes one batch-1 decode step must read: every weight but the embedding table (one row), plus KV."""
-    tied = model.config.tie_word_embeddings
+    """Bytes one batch-1 decode step must read: every weight but the embedding table (one row), plus KV. (A tied
+    lm_head reads the table; one that `quantize_lm_head` quantized is a weight of its own.)"""
+    assert model.lm_head is not None and model.model.embed_tokens is not None
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
     weights = sum(
         p.numel() * p.element_size()
         for name, p in model.named_parameters()

@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="weight quantization (engine's field); with --model-shape, gptq/awq quantize the random "
                         "weights in memory into that checkpoint layout and load them as a checkpoint")  # fmt: skip
+    p.add_argument("--quantize-lm-head", action="store_true", help="the lm_head in the quantization too (fp8, int8)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV pool, as the engine's field")
     p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
     p.add_argument("--input-len", type=int, default=None, help="idle: the context of every request (default 512)")
@@ -51,6 +52,7 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     kwargs: dict[str, Any] = {
         "dtype": args.dtype,
         "quantization": args.quantization,
+        "quantize_lm_head": args.quantize_lm_head,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -95,6 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": engine.info.device,
         "dtype": engine.info.dtype,
         "quantization": args.quantization,
+        "quantize_lm_head": args.quantize_lm_head,
         "kv_cache_dtype": str(engine.runner.kv_dtype).removeprefix("torch."),
         "model": engine.info.model_id,
         "async_scheduling": engine.async_scheduling,

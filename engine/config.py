@@ -56,6 +56,11 @@ class ModelConfig:
             "quantized at load), fp8 (CUDA, compute capability >= 8.9), gptq, awq (int4 checkpoints)"
         ),
     )
+    quantize_lm_head: bool = field(
+        default=False,
+        metadata=doc("run the lm_head in the weight quantization too (fp8, int8: quantized at load); default: the "
+                     "lm_head stays in the model dtype"),
+    )  # fmt: skip
     enforce_eager: bool = field(default=False, metadata=doc("run every step eagerly: no CUDA graphs"))
     seed: int = field(default=0, metadata=doc("seed for weight init of random models and unseeded sampling"))
     max_model_len: int | None = field(

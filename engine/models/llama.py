@@ -199,8 +199,9 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`. The decoder's projections run
-    `linear_method` (the quantization's); the embedding and lm_head stay in the model dtype. `comm` places the
-    model on its rank (default: the whole model on one device)."""
+    `linear_method` (the quantization's), the lm_head `head_method` (default: unquantized); the embedding stays in
+    the model dtype (a tied lm_head that a method quantizes gets its own copy). `comm` places the model on its rank
+    (default: the whole model on one device)."""
 
     def __init__(
         self,
@@ -209,6 +210,7 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
         linear_method: LinearMethod,
         comm: Communicator = SINGLE_RANK,
+        head_method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg
@@ -216,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head: ParallelLMHead | None = None
         if comm.rank.is_last_stage:
             self.lm_head = ParallelLMHead(
-                cfg.hidden_size, cfg.vocab_size, False, UnquantizedLinearMethod(kernels), comm
+                cfg.hidden_size, cfg.vocab_size, False, head_method or UnquantizedLinearMethod(kernels), comm
             )
             if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
                 self.lm_head.weight = self.model.embed_tokens.weight

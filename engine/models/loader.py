@@ -39,17 +39,20 @@ def build_model(
     device: torch.device,
     quant: QuantMethod | None = None,
     comm: Communicator = SINGLE_RANK,
+    quantize_lm_head: bool = False,
 ) -> LlamaForCausalLM:
     """The model (`comm`'s shard of it) with freshly initialized weights, created directly on `device` in `dtype`;
-    its projections run `quant`'s linear method (default: unquantized) once `process_weights_after_loading` has
-    run."""
+    its projections (and the lm_head with `quantize_lm_head`) run `quant`'s methods (default: unquantized) once
+    `process_weights_after_loading` has run."""
     kernels = layer_kernels(device)
-    linear_method = (quant or Unquantized()).linear_method(UnquantizedLinearMethod(kernels))
+    quant, unquantized = quant or Unquantized(), UnquantizedLinearMethod(kernels)
+    linear_method = quant.linear_method(unquantized)
+    head_method = quant.head_method(unquantized) if quantize_lm_head else unquantized
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, comm)
+            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, comm, head_method)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -198,7 +201,7 @@ def load_model(
         _check_shardable(folder, cfg)
     if dummy:
         torch.manual_seed(model_config.seed)
-    model = build_model(cfg, backend, dtype, device, quant, comm)
+    model = build_model(cfg, backend, dtype, device, quant, comm, model_config.quantize_lm_head)
     if dummy:
         random_tensors = quant.random_checkpoint(projection_shapes(model), device)
         load_weights(model, quant.translate(random_tensors), folder, require_all=False)

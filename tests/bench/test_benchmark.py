@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.limits import decode_bytes_per_step
 from bench.stats import RequestTiming, RunStats, percentile
 from bench.workloads import make_workload
 from cli.main import main as pdserve_main
+from engine.llm import LLM
 
 
 def test_percentile_interpolates() -> None:
@@ -72,3 +74,13 @@ def test_every_workload_dispatches_to_the_module_that_runs_it() -> None:
     assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.offline_cli"} == set(offline_cli.WORKLOADS)
     assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.online"} == set(online.WORKLOADS)
     assert WORKLOAD_MODULES["w6"] == "bench.kv_transfer"
+
+
+def test_decode_bytes_count_the_embedding_table_only_while_the_lm_head_reads_it(smollm2_path: Path) -> None:
+    def step_bytes(quantize_lm_head: bool) -> int:
+        llm = LLM(str(smollm2_path), quantization="int8", quantize_lm_head=quantize_lm_head, num_blocks=16)
+        return decode_bytes_per_step(llm.engine.runner.model, kv_bytes_per_token=10, context_len=3)
+
+    vocab, hidden = 49152, 576
+    # the tied float32 table (read as the lm_head) gives way to an int8 head with a float32 scale per row
+    assert step_bytes(True) - step_bytes(False) == vocab * hidden * 1 + vocab * 4 - vocab * hidden * 4

@@ -41,6 +41,29 @@ def test_int8_layers_keep_int8_weights_and_float_embeddings(smollm2_path: Path) 
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+def test_quantize_lm_head_runs_the_tied_head_in_int8_beside_the_float_embedding(smollm2_path: Path) -> None:
+    llm = LLM(str(smollm2_path), quantization="int8", quantize_lm_head=True, num_blocks=16)
+    model = llm.engine.runner.model
+    embedding = model.model.embed_tokens.weight
+    want_q, want_scale = quantize_int8(embedding)
+    assert (model.lm_head.weight.dtype, embedding.dtype) == (torch.int8, torch.float32)
+    assert torch.equal(model.lm_head.weight, want_q)
+    assert torch.equal(model.lm_head.get_parameter("weight_scale"), want_scale)
+    hidden = torch.randn(3, 576, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.compute_logits(hidden), (hidden @ want_q.float().T) * want_scale)
+
+
+@pytest.mark.parametrize("quantization", ["none", "gptq"])
+def test_quantize_lm_head_without_a_method_that_quantizes_at_load_fails_naming_the_field(
+    smollm2_path: Path, quantization: str
+) -> None:
+    # NOTE: random weights stand for a gptq checkpoint (SmolLM2's is float)
+    kwargs = {"load_format": "dummy"} if quantization == "gptq" else {}
+    with pytest.raises(InvalidArgumentError, match=f"quantization '{quantization}' does not quantize") as caught:
+        LLM(str(smollm2_path), quantization=quantization, quantize_lm_head=True, num_blocks=16, **kwargs)
+    assert caught.value.field == "quantize_lm_head"
+
+
 @pytest.mark.slow
 def test_int8_smollm2_agrees_with_float32(smollm2_path: Path) -> None:
     """Greedy agreement: float32 generates 32 tokens per prompt; int8, fed the same tokens, picks the same next

@@ -90,6 +90,9 @@ class Fp8(QuantMethod):
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
         return Fp8LinearMethod(self.gemm, from_checkpoint=False)
 
+    def head_method(self, unquantized: LinearMethod) -> LinearMethod:
+        return Fp8LinearMethod(self.gemm, from_checkpoint=False)
+
 
 class CompressedTensorsFp8(QuantMethod):
     """An llm-compressor FP8 checkpoint: fp8 weights with channel or tensor scales, dynamic per-token inputs."""
@@ -102,6 +105,10 @@ class CompressedTensorsFp8(QuantMethod):
 
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
         return Fp8LinearMethod(self.gemm, from_checkpoint=True)
+
+    def head_method(self, unquantized: LinearMethod) -> LinearMethod:
+        # NOTE: llm-compressor leaves the lm_head in float (its default `ignore`); it is quantized at load here.
+        return Fp8LinearMethod(self.gemm, from_checkpoint=False)
 
     def translate(self, tensors: NamedTensors) -> NamedTensors:
         weights: dict[str, torch.Tensor] = {}

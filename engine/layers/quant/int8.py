@@ -42,3 +42,6 @@ class Int8(QuantMethod):
 
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
         return Int8LinearMethod()
+
+    def head_method(self, unquantized: LinearMethod) -> LinearMethod:
+        return Int8LinearMethod()
