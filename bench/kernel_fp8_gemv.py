@@ -11,7 +11,7 @@
 All timed as CUDA-graph replays (as the engine's decode steps run), so launch overhead does not count: each graph
 holds one call per weight copy, the copies rotating past the L2.
 
-python3 bench/kernel_fp8_gemv.py --out $OUT [--write-table]     (writes bench_fp8_gemv.json; GPU only)
+python3 bench/kernel_fp8_gemv.py --out $OUT [--write-table] [--shapes NAME...]   (writes bench_fp8_gemv.json; GPU only)
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ from engine.layers.triton_gemv import linear
 
 W = TypeVar("W")
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (24576, 4096),
+    "down": (4096, 12288),
+    "lm_head": (151936, 4096),  # NOTE: with quantize_lm_head
+}
 # NOTE: tiles from 8 values per thread (no replicated loads) to 128 float32 partial sums per thread (no spills).
 SWEEP = [
     Fp8GemvTiles(n, k, w, unroll=u)
@@ -152,11 +158,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--write-table", action="store_true", help="write the fastest tiles into the kernel's table")
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES), help="default: every shape")
     args = parser.parse_args()
     limits = measure_limits(torch.bfloat16)
     rows: dict[str, Any] = {}
     result = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "shapes": rows}
-    for name, (n, k) in SHAPES.items():
+    for name in args.shapes:
+        n, k = SHAPES[name]
         rows[name] = bench_shape(n, k, limits.copy_bandwidth_gb_s)
         rows[name]["prefill"] = bench_prefill(n, k)
         shown = {key: v for key, v in rows[name].items() if not key.startswith("sweep")}
