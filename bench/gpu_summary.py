@@ -4,8 +4,9 @@ python3 -m bench.gpu_summary LOGS SECTION...
 
 Sections (printed in the order given):
 - `tests=NAME`: the verdict lines, printed figures and first assertion lines of the pytest log NAME.log;
-- `w1=METHODS`, `w2=METHODS` (comma-separated: none, fp8, gptq, fp8_head = fp8 with the lm_head in fp8): batch-1 TPOT p50 (W1) or
-  2048-token TTFT p50 (W2) of `w1_<method>.json` / `w2_<method>.json`, with the decode floor and the issue's target;
+- `w1=METHODS`, `w2=METHODS` (comma-separated: none, fp8, gptq, fp8_head = fp8 with the lm_head in fp8): batch-1
+  TPOT p50 (W1) or 2048-token TTFT p50 (W2) of `w1_<method>.json` / `w2_<method>.json`, with the decode floor and
+  the issue's target;
 - `gemv`: the batch-1 GEMV per Qwen3-8B projection as % of copy bandwidth: bf16 and fp8 from the fp8 sweep
   (bench_fp8_gemv.json), GPTQ int4 (bytes of the packed weight, its scales and zeros) from the int4 sweep's table
   (int4_tuned.json), each with its time and the winning tile;
