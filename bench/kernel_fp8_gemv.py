@@ -11,7 +11,7 @@
 All timed as CUDA-graph replays (as the engine's decode steps run), so launch overhead does not count: each graph
 holds one call per weight copy, the copies rotating past the L2.
 
-python3 bench/kernel_fp8_gemv.py --out $OUT [--write-table] [--shapes NAME...]   (writes bench_fp8_gemv.json; GPU only)
+python3 -m bench.kernel_fp8_gemv --out $OUT [--write-table] [--shapes NAME...]   (writes bench_fp8_gemv.json; GPU only)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batch-1 GEMV (decode at batch 1 reads every weight once): cuBLAS (F.linear) vs the engine's Triton GEMV
 (`engine.layers.triton_gemv`), per Qwen3-8B projection shape, bf16, as weight bytes / time.
 
-python3 bench/kernel_gemv.py --out $OUT     (writes bench_gemv.json; GPU only)
+python3 -m bench.kernel_gemv --out $OUT     (writes bench_gemv.json; GPU only)
 """
 
 from __future__ import annotations

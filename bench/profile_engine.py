@@ -1,6 +1,6 @@
 """Diagnostic profile of the engine on a GPU: decode steps (busy vs idle GPU, top kernels) and one prefill.
 
-python3 bench/profile_engine.py --out $OUT   (writes profile.json)
+python3 -m bench.profile_engine --out $OUT   (writes profile.json)
 """
 
 from __future__ import annotations

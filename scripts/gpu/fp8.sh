@@ -20,11 +20,11 @@ BUDGET_S=${BUDGET_S:-500}
 source "$(dirname "$0")/lib.sh"
 
 W8B=(--model-shape qwen3-8b --max-num-seqs 8 --num-blocks 2048)
-step gemv_fp8 130 python3 bench/kernel_fp8_gemv.py --out "$LOGS" --write-table
-step tune_attention_fp8 240 python3 bench/tune_fp8_attention.py --out "$LOGS"
+step gemv_fp8 130 python3 -m bench.kernel_fp8_gemv --out "$LOGS" --write-table
+step tune_attention_fp8 240 python3 -m bench.tune_fp8_attention --out "$LOGS"
 cp engine/attention/decode_tuning.json "$LOGS/"
 step gpu_tests 100 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA tests/engine/test_fp8_gpu.py
-step attention_fp8 45 python3 bench/kernel_attention.py --out "$LOGS" --kv-cache-dtype fp8 --sections decode
+step attention_fp8 45 python3 -m bench.kernel_attention --out "$LOGS" --kv-cache-dtype fp8 --sections decode
 for q in none fp8; do
     step "w1_$q" 45 python3 -m bench --workload w1 "${W8B[@]}" --quantization "$q" --num-prompts 2 --input-len 128 \
         --output-len 256 --json "$LOGS/w1_$q.json"

@@ -12,7 +12,7 @@ BUDGET_S=${BUDGET_S:-420}
 source "$(dirname "$0")/lib.sh"
 
 W8B=(--model-shape qwen3-8b --max-num-seqs 8 --num-blocks 1024 --num-prompts 2 --input-len 128 --output-len 256)
-step gemv_lm_head 150 python3 bench/kernel_fp8_gemv.py --out "$LOGS" --shapes lm_head --write-table
+step gemv_lm_head 150 python3 -m bench.kernel_fp8_gemv --out "$LOGS" --shapes lm_head --write-table
 step gpu_tests 120 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA tests/engine/test_fp8_gpu.py
 step w1_none 45 python3 -m bench --workload w1 "${W8B[@]}" --quantization none --json "$LOGS/w1_none.json"
 step w1_fp8 45 python3 -m bench --workload w1 "${W8B[@]}" --quantization fp8 --json "$LOGS/w1_fp8.json"

@@ -23,7 +23,7 @@ W8B=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 step tune_int4 120 python3 -m bench.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 70 --buckets 1
 grep -E "^copy|rows 1:|^wrote|budget" "$LOGS/tune_int4.log" >>"$SUMMARY"
 [[ -f "$LOGS/int4_tuned.json" ]] && cp "$LOGS/int4_tuned.json" engine/layers/quant/int4_tuned.json
-step gemv_fp8 90 python3 bench/kernel_fp8_gemv.py --out "$LOGS" --write-table
+step gemv_fp8 90 python3 -m bench.kernel_fp8_gemv --out "$LOGS" --write-table
 step gpu_tests 80 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA \
     tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py tests/engine/test_fp8_gpu.py -k "int4 or gemv or logits"
 # NOTE: gptq first (its random weights are quantized in memory: the slowest start), bf16 last (the baseline, 6.01 ms
