@@ -3,7 +3,8 @@
 
 Grid (num_reqs, num_kv_heads, num_splits): each program loads every K/V row of its context partition once
 and serves all query heads of its GQA group in one [BLOCK_G, HEAD_DIM] tile. With more than one split, the
-programs write normalised partial outputs and their log2-sum-exp, and a second kernel combines them.
+programs write normalised partial outputs and their log2-sum-exp, and the last split of each (request, KV head) to
+finish combines them (a counter per pair, which that program resets): one launch, no second kernel.
 Requests whose query length is not 1 are left untouched (the prefill kernel owns them).
 """
 
@@ -78,7 +79,8 @@ def kv_tile(x, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
-    q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
+    q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, query_start_loc_ptr, seq_lens_ptr,
+    block_table_ptr,
     qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
     stride_oh, stride_bt,
     num_q_heads, num_splits,
@@ -131,39 +133,68 @@ def _decode_kernel(
         m_i = m_new
     acc = acc * v_scale
 
+    dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if not SPLIT:
         out = acc / l_i[:, None]
-        dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
-        # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the reduce weighs 0.
+        # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the combine weighs 0.
         has_rows = l_i > 0
         out = acc / tl.where(has_rows, l_i, 1.0)[:, None]
         lse = tl.where(has_rows, m_i + tl.log2(tl.where(has_rows, l_i, 1.0)), float("-inf"))
-        part = (req * num_splits + split) * num_q_heads + heads
+        first = req * num_splits * num_q_heads + heads  # NOTE: partials [num_reqs, num_splits, num_q_heads]
+        part = first + split * num_q_heads
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=g_mask[:, None])
         tl.store(part_lse_ptr + part, lse, mask=g_mask)
+        # NOTE: every thread's stores are issued before the counter's release (the barrier), so the split that
+        # counts last reads them all (its acquire; `.cg` loads skip the SM's L1). It resets the counter for the next
+        # launch (stream-ordered, as CUDA-graph replays are).
+        tl.debug_barrier()
+        counter = counters_ptr + req * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(counter, 0)
+            out = _combine_splits(part_out_ptr, part_lse_ptr, first, num_splits, num_q_heads, g_mask, BLOCK_G, HEAD_DIM)
+            tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, stride_ot, stride_oh, num_q_heads, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    q_start = tl.load(query_start_loc_ptr + req)
-    if tl.load(query_start_loc_ptr + req + 1) - q_start != 1:
-        return
-    s = tl.arange(0, BLOCK_S)
+@triton.jit
+def _combine_splits(
+    part_out_ptr, part_lse_ptr, first, num_splits, num_q_heads, g_mask, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr
+):
+    """The attention output of a GQA group from its splits' normalised partials (rows `first + split * num_q_heads`)
+    and their log2-sum-exp: each weighed by 2^lse, as the softmax over the whole context weighs it."""
     d = tl.arange(0, HEAD_DIM)
-    s_mask = s < num_splits
-    part = (req * num_splits + s) * num_q_heads + head
-    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))
-    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None], other=0.0)
-    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-    tl.store(out_ptr + q_start * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    for split in range(num_splits):
+        part = first + split * num_q_heads
+        lse = tl.load(part_lse_ptr + part, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
+        out = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=g_mask[:, None], other=0.0,
+                      cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: no -inf - -inf while every lse so far is -inf
+        alpha = tl.exp2(m - m_safe)
+        weight = tl.exp2(lse - m_safe)
+        acc = acc * alpha[:, None] + out * weight[:, None]
+        total = total * alpha + weight
+        m = m_new
+    return acc / tl.where(total > 0, total, 1.0)[:, None]
+
+
+_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` zeroed int32 counters on `device`, one per (request, KV head) of a split launch; each launch
+    leaves them zeroed. Kept per device and grown only outside CUDA-graph capture (a capture's warm-up step
+    allocates them); launches on one device must not overlap (the engine runs its layers on one stream)."""
+    counters = _SPLIT_COUNTERS.get(device)
+    if counters is None or counters.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"split counters for {count} (request, KV head) pairs first asked for in a capture")
+        counters = _SPLIT_COUNTERS[device] = torch.zeros(count, dtype=torch.int32, device=device)
+    return counters
 
 
 def decode_attention(
@@ -195,14 +226,16 @@ def decode_attention(
     if num_splits > 1:
         part_out = torch.empty((num_reqs, num_splits, num_q_heads, head_dim), dtype=torch.float32, device=query.device)
         part_lse = torch.empty((num_reqs, num_splits, num_q_heads), dtype=torch.float32, device=query.device)
+        counters = split_counters(query.device, num_reqs * num_kv_heads)
     else:
-        part_out = part_lse = output
+        part_out = part_lse = counters = output
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         query,
         kv_cache,
         output,
         part_out,
         part_lse,
+        counters,
         query_start_loc,
         seq_lens,
         block_table,
@@ -232,16 +265,3 @@ def decode_attention(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
-    if num_splits > 1:
-        _reduce_kernel[(num_reqs, num_q_heads)](
-            part_out,
-            part_lse,
-            output,
-            query_start_loc,
-            output.stride(0),
-            output.stride(1),
-            num_q_heads,
-            num_splits,
-            HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-        )
