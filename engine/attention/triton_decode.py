@@ -85,7 +85,8 @@ def _decode_kernel(
     stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    FP8_ASM: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -133,17 +134,16 @@ def _decode_kernel(
         m_i = m_new
     acc = acc * v_scale
 
-    dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if not SPLIT:
         out = acc / l_i[:, None]
+        dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the combine weighs 0.
         has_rows = l_i > 0
         out = acc / tl.where(has_rows, l_i, 1.0)[:, None]
         lse = tl.where(has_rows, m_i + tl.log2(tl.where(has_rows, l_i, 1.0)), float("-inf"))
-        first = req * num_splits * num_q_heads + heads  # NOTE: partials [num_reqs, num_splits, num_q_heads]
-        part = first + split * num_q_heads
+        part = (req * num_splits + split) * num_q_heads + heads  # NOTE: partials [num_reqs, num_splits, num_q_heads]
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=g_mask[:, None])
         tl.store(part_lse_ptr + part, lse, mask=g_mask)
         # NOTE: every thread's stores are issued before the counter's release (the barrier), so the split that
@@ -153,33 +153,32 @@ def _decode_kernel(
         counter = counters_ptr + req * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(counter, 0)
-            out = _combine_splits(part_out_ptr, part_lse_ptr, first, num_splits, num_q_heads, g_mask, BLOCK_G, HEAD_DIM)
-            tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+            first = req * num_splits * num_q_heads + kv_head * GROUP
+            group_out = out_ptr + q_start * stride_ot + kv_head * GROUP * stride_oh
+            _combine_splits(part_out_ptr, part_lse_ptr, group_out, first, num_splits, num_q_heads, stride_oh, GROUP,
+                            BLOCK_S, HEAD_DIM)  # fmt: skip
 
 
 @triton.jit
 def _combine_splits(
-    part_out_ptr, part_lse_ptr, first, num_splits, num_q_heads, g_mask, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr
-):
-    """The attention output of a GQA group from its splits' normalised partials (rows `first + split * num_q_heads`)
-    and their log2-sum-exp: each weighed by 2^lse, as the softmax over the whole context weighs it."""
+    part_out_ptr, part_lse_ptr, dst, first, num_splits, num_q_heads, stride_oh,
+    GROUP: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """The attention output of a GQA group's heads from its splits' normalised partials (head g's at rows
+    `first + g + split * num_q_heads`) and their log2-sum-exp, each split weighed by 2^lse as the softmax over the
+    whole context weighs it. Every split of a head is loaded at once (a loop over splits waits on L2 per split)."""
+    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, HEAD_DIM)
-    m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    for split in range(num_splits):
-        part = first + split * num_q_heads
-        lse = tl.load(part_lse_ptr + part, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-        out = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=g_mask[:, None], other=0.0,
-                      cache_modifier=".cg")  # fmt: skip
-        m_new = tl.maximum(m, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: no -inf - -inf while every lse so far is -inf
-        alpha = tl.exp2(m - m_safe)
-        weight = tl.exp2(lse - m_safe)
-        acc = acc * alpha[:, None] + out * weight[:, None]
-        total = total * alpha + weight
-        m = m_new
-    return acc / tl.where(total > 0, total, 1.0)[:, None]
+    s_mask = s < num_splits
+    for g in tl.static_range(GROUP):
+        part = first + g + s * num_q_heads
+        # NOTE: split 0 always holds rows (seq_len >= 1), so the max is finite.
+        lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        weight = tl.exp2(lse - tl.max(lse, 0))
+        parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None], other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+        out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+        tl.store(dst + g * stride_oh + d, out.to(dst.dtype.element_ty))
 
 
 _SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -258,6 +257,7 @@ def decode_attention(
         PAGE=kv_cache.shape[2],
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
+        BLOCK_S=triton.next_power_of_2(num_splits),
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         # NOTE: Triton's interpreter (CPU tests) runs no inline assembly: there the same conversion is a plain cast.
         FP8_ASM=kv_cache.is_cuda,

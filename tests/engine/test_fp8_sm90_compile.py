@@ -46,7 +46,7 @@ def compile_for_hopper(kernel: Any, constexprs: dict[str, Any], num_warps: int =
 def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
     head = {"HEAD_DIM": 128, "PAGE": 16, "DOT_PRECISION": "tf32", "KV_FP8": True}
     for block_n in (64, 256):
-        decode = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "SPLIT": True, "FP8_ASM": True, **head}
+        decode = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "SPLIT": True, "BLOCK_S": 8, "FP8_ASM": True, **head}
         ptx = compile_for_hopper(_decode_kernel, decode)
         # NOTE: V's fp8 -> float16 conversion comes before its shuffle into the dot operand layout (no byte loads).
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "ld.shared.b8" not in ptx and "ld.shared.u8" not in ptx
