@@ -3,8 +3,7 @@
 
 Grid (num_reqs, num_kv_heads, num_splits): each program loads every K/V row of its context partition once
 and serves all query heads of its GQA group in one [BLOCK_G, HEAD_DIM] tile. With more than one split, the
-programs write normalised partial outputs and their log2-sum-exp, and the last split of each (request, KV head) to
-finish combines them (a counter per pair, which that program resets): one launch, no second kernel.
+programs write normalised partial outputs and their log2-sum-exp, and a second kernel combines them.
 Requests whose query length is not 1 are left untouched (the prefill kernel owns them).
 """
 
@@ -79,14 +78,12 @@ def kv_tile(x, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
-    q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, query_start_loc_ptr, seq_lens_ptr,
-    block_table_ptr,
+    q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
     qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
     stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-    FP8_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -139,61 +136,34 @@ def _decode_kernel(
         dst = out_ptr + q_start * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
-        # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the combine weighs 0.
+        # NOTE: an empty partition (short context) writes lse = -inf and zeros, which the reduce weighs 0.
         has_rows = l_i > 0
         out = acc / tl.where(has_rows, l_i, 1.0)[:, None]
         lse = tl.where(has_rows, m_i + tl.log2(tl.where(has_rows, l_i, 1.0)), float("-inf"))
-        part = (req * num_splits + split) * num_q_heads + heads  # NOTE: partials [num_reqs, num_splits, num_q_heads]
+        part = (req * num_splits + split) * num_q_heads + heads
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=g_mask[:, None])
         tl.store(part_lse_ptr + part, lse, mask=g_mask)
-        # NOTE: every thread's stores are issued before the counter's release (the barrier), so the split that
-        # counts last reads them all (its acquire; `.cg` loads skip the SM's L1). It resets the counter for the next
-        # launch (stream-ordered, as CUDA-graph replays are).
-        tl.debug_barrier()
-        counter = counters_ptr + req * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            tl.store(counter, 0)
-            first = req * num_splits * num_q_heads + kv_head * GROUP
-            group_out = out_ptr + q_start * stride_ot + kv_head * GROUP * stride_oh
-            _combine_splits(part_out_ptr, part_lse_ptr, group_out, first, num_splits, num_q_heads, stride_oh, GROUP,
-                            BLOCK_S, HEAD_DIM)  # fmt: skip
 
 
-@triton.jit
-def _combine_splits(
-    part_out_ptr, part_lse_ptr, dst, first, num_splits, num_q_heads, stride_oh,
-    GROUP: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+@triton.jit(do_not_specialize=["num_splits"])
+def _reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, stride_ot, stride_oh, num_q_heads, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """The attention output of a GQA group's heads from its splits' normalised partials (head g's at rows
-    `first + g + split * num_q_heads`) and their log2-sum-exp, each split weighed by 2^lse as the softmax over the
-    whole context weighs it. Every split of a head is loaded at once (a loop over splits waits on L2 per split)."""
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + req)
+    if tl.load(query_start_loc_ptr + req + 1) - q_start != 1:
+        return
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, HEAD_DIM)
     s_mask = s < num_splits
-    for g in tl.static_range(GROUP):
-        part = first + g + s * num_q_heads
-        # NOTE: split 0 always holds rows (seq_len >= 1), so the max is finite.
-        lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        weight = tl.exp2(lse - tl.max(lse, 0))
-        parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None], other=0.0,
-                        cache_modifier=".cg")  # fmt: skip
-        out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-        tl.store(dst + g * stride_oh + d, out.to(dst.dtype.element_ty))
-
-
-_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` zeroed int32 counters on `device`, one per (request, KV head) of a split launch; each launch
-    leaves them zeroed. Kept per device and grown only outside CUDA-graph capture (a capture's warm-up step
-    allocates them); launches on one device must not overlap (the engine runs its layers on one stream)."""
-    counters = _SPLIT_COUNTERS.get(device)
-    if counters is None or counters.numel() < count:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split counters for {count} (request, KV head) pairs first asked for in a capture")
-        counters = _SPLIT_COUNTERS[device] = torch.zeros(count, dtype=torch.int32, device=device)
-    return counters
+    part = (req * num_splits + s) * num_q_heads + head
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, 0))
+    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(out_ptr + q_start * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
 def decode_attention(
@@ -225,16 +195,14 @@ def decode_attention(
     if num_splits > 1:
         part_out = torch.empty((num_reqs, num_splits, num_q_heads, head_dim), dtype=torch.float32, device=query.device)
         part_lse = torch.empty((num_reqs, num_splits, num_q_heads), dtype=torch.float32, device=query.device)
-        counters = split_counters(query.device, num_reqs * num_kv_heads)
     else:
-        part_out = part_lse = counters = output
+        part_out = part_lse = output
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         query,
         kv_cache,
         output,
         part_out,
         part_lse,
-        counters,
         query_start_loc,
         seq_lens,
         block_table,
@@ -257,7 +225,6 @@ def decode_attention(
         PAGE=kv_cache.shape[2],
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
-        BLOCK_S=triton.next_power_of_2(num_splits),
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         # NOTE: Triton's interpreter (CPU tests) runs no inline assembly: there the same conversion is a plain cast.
         FP8_ASM=kv_cache.is_cuda,
@@ -265,3 +232,16 @@ def decode_attention(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
+    if num_splits > 1:
+        _reduce_kernel[(num_reqs, num_q_heads)](
+            part_out,
+            part_lse,
+            output,
+            query_start_loc,
+            output.stride(0),
+            output.stride(1),
+            num_q_heads,
+            num_splits,
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+        )
