@@ -4,7 +4,7 @@ Decode: batch 1/64/256 at contexts 1k/4k/8k, as KV-read bandwidth vs the copy ba
 (`--kv-cache-dtype fp8`: the pool in float8_e4m3fn, read at 1 byte per element; SDPA still reads bf16).
 Prefill: 2048-token prompts and a chunk over a cached prefix, as TFLOP/s vs the measured bf16 matmul.
 All timings are CUDA-graph replays (median over events), over enough distinct inputs to defeat the L2.
-Usage: python bench/kernel_attention.py [--out DIR] [--kv-cache-dtype auto|fp8] [--sections decode,prefill,...]
+Usage: python3 -m bench.kernel_attention [--out DIR] [--kv-cache-dtype auto|fp8] [--sections decode,prefill,...]
 """
 
 from __future__ import annotations
