@@ -14,11 +14,12 @@ the pods, `--auth-tokens-file` / `PDSERVE_AUTH_TOKENS` on the API.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+
+import uvloop
 
 from common.auth import AuthConfig
 from common.config import ConfigValueError, add_config_args, config_from_args
@@ -95,7 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pdserve router` (argv without the subcommand)."""
     config, routing, telemetry, security = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(config, routing, telemetry, security))
+    # NOTE: uvloop: much of gRPC's asyncio work per call and per message is event-loop callbacks, which cost less
+    # there (bench.grpc_floor on the 2-core machine: a two-hop relay of 33 messages 2.0-2.1 ms of CPU per call on
+    # uvloop, 2.4-2.5 ms on asyncio's loop).
+    uvloop.run(serve(config, routing, telemetry, security))
     return 0
 
 

@@ -18,7 +18,8 @@ DEST="${WHEEL_DIR:-.whl}"
 # 1.84.0: each refuses to import under a grpcio older than itself. gguf (GGUF files loaded directly) needs only
 # numpy, pyyaml, requests and tqdm, which the GPU machine has. opentelemetry's exporters are all imported by
 # common/telemetry.py at start-up, tracing on or off. starlette and uvicorn (+ h11) serve the router's HTTP API,
-# which router/router_app.py imports; anyio, click and httpx are on the GPU machine already (transformers' deps).
+# which router/router_app.py imports; uvloop runs the router's event loop (router/__main__.py); anyio, click and
+# httpx are on the GPU machine already (transformers' deps).
 WHEELS=(
   protobuf==7.36.2
   googleapis-common-protos==1.76.0
@@ -29,6 +30,7 @@ WHEELS=(
   gguf==0.19.0
   starlette==1.10.0
   uvicorn==0.54.0
+  uvloop==0.23.0
   h11==0.16.0
   opentelemetry-api==1.45.2
   opentelemetry-sdk==1.45.2

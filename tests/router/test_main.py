@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import uvloop
 
+import router.__main__ as router_main
 from common.telemetry_config import TelemetryConfig
 from router.__main__ import freeze_startup_heap, parse_args
 from router.config import RouterConfig, RoutingConfig
@@ -44,6 +47,17 @@ def test_the_router_imports_no_torch(smollm2_path: Path) -> None:
         [sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_router_serves_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    loops = []
+
+    async def serve(*configs: object) -> None:
+        loops.append(type(asyncio.get_running_loop()))
+
+    monkeypatch.setattr(router_main, "serve", serve)
+    assert router_main.main(["--port", "0"]) == 0
+    assert loops == [uvloop.Loop]
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
