@@ -25,7 +25,6 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.kernels import LayerKernels
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import LinearMethod
-from engine.layers.quant.unquantized import UnquantizedLinearMethod
 from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig
 from engine.parallel.communicator import SINGLE_RANK, Communicator
@@ -199,7 +198,7 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`. The decoder's projections run
-    `linear_method` (the quantization's), the lm_head `head_method` (default: unquantized); the embedding stays in
+    `linear_method` (the quantization's), the lm_head `head_method`; the embedding stays in
     the model dtype (a tied lm_head that a method quantizes gets its own copy). `comm` places the model on its rank
     (default: the whole model on one device)."""
 
@@ -209,17 +208,15 @@ class LlamaForCausalLM(nn.Module):
         kernels: LayerKernels,
         backend: AttentionBackend,
         linear_method: LinearMethod,
+        head_method: LinearMethod,
         comm: Communicator = SINGLE_RANK,
-        head_method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, kernels, backend, linear_method, comm)
         self.lm_head: ParallelLMHead | None = None
         if comm.rank.is_last_stage:
-            self.lm_head = ParallelLMHead(
-                cfg.hidden_size, cfg.vocab_size, False, head_method or UnquantizedLinearMethod(kernels), comm
-            )
+            self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, False, head_method, comm)
             if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
                 self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -52,7 +52,7 @@ def build_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, comm, head_method)
+            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, head_method, comm)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

@@ -91,7 +91,7 @@ class Fp8(QuantMethod):
         return Fp8LinearMethod(self.gemm, from_checkpoint=False)
 
     def head_method(self, unquantized: LinearMethod) -> LinearMethod:
-        return Fp8LinearMethod(self.gemm, from_checkpoint=False)
+        return self.linear_method(unquantized)
 
 
 class CompressedTensorsFp8(QuantMethod):

@@ -44,4 +44,4 @@ class Int8(QuantMethod):
         return Int8LinearMethod()
 
     def head_method(self, unquantized: LinearMethod) -> LinearMethod:
-        return Int8LinearMethod()
+        return self.linear_method(unquantized)
