@@ -25,19 +25,32 @@ class LayerKernels:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     # (x, weight, bias | None) -> x @ weight^T + bias
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    # (x, gate_up weight, bias | None) -> silu_and_mul(linear(x, weight, bias)), one launch at batch 1 on CUDA
+    linear_silu_and_mul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def layer_kernels(device: torch.device) -> LayerKernels:
     if device.type == "cuda":
         from engine.layers.triton_activation import silu_and_mul as triton_silu_and_mul
         from engine.layers.triton_gemv import linear as triton_linear
+        from engine.layers.triton_gemv import linear_silu_and_mul as triton_linear_silu_and_mul
         from engine.layers.triton_rms_norm import fused_add_rms_norm as triton_fused_add_rms_norm
         from engine.layers.triton_rms_norm import rms_norm as triton_rms_norm
         from engine.layers.triton_rope import qk_norm_rope_store as triton_qk_norm_rope_store
 
         return LayerKernels(
-            triton_rms_norm, triton_fused_add_rms_norm, triton_qk_norm_rope_store, triton_silu_and_mul, triton_linear
+            triton_rms_norm,
+            triton_fused_add_rms_norm,
+            triton_qk_norm_rope_store,
+            triton_silu_and_mul,
+            triton_linear,
+            triton_linear_silu_and_mul,
         )
     return LayerKernels(
-        torch_ops.rms_norm, torch_ops.fused_add_rms_norm, torch_ops.qk_norm_rope_store, torch_ops.silu_and_mul, F.linear
+        torch_ops.rms_norm,
+        torch_ops.fused_add_rms_norm,
+        torch_ops.qk_norm_rope_store,
+        torch_ops.silu_and_mul,
+        F.linear,
+        torch_ops.linear_silu_and_mul,
     )

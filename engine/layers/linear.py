@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,6 +35,13 @@ class LinearMethod(ABC):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out], bias included."""
 
+    def apply_silu_and_mul(
+        self, layer: Linear, x: torch.Tensor, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """SwiGLU on a gate_up layer (gate rows, then up rows): `silu_and_mul(apply(layer, x))` [T, out / 2]; a method
+        with a kernel that does both in one launch overrides it, with the same result."""
+        return silu_and_mul(self.apply(layer, x))
+
 
 class Linear(nn.Module):
     weight: torch.Tensor
@@ -52,6 +60,12 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
+
+    def forward_silu_and_mul(
+        self, x: torch.Tensor, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """`silu_and_mul(self(x))` (`LinearMethod.apply_silu_and_mul`)."""
+        return self.method.apply_silu_and_mul(self, x, silu_and_mul)
 
 
 class StackedLinear(Linear):

@@ -4,7 +4,9 @@
 - One row (batch-1 decode): a Triton GEMV modelled on `engine.layers.triton_gemv`. It streams the fp8 weight
   (half the bytes of bf16) with the bf16/fp16 activation row kept as it is (no activation quantization: at one
   row the multiply costs nothing and skipping it saves an error), sums in float32 and applies the per-channel scale
-  once per output. Each program owns BLOCK_N output rows and walks K in BLOCK_K columns.
+  once per output. Each program owns BLOCK_N output rows and walks K in BLOCK_K columns. Gated
+  (`fp8_linear_silu_and_mul`), the gate_up projection runs with SwiGLU in the same launch
+  (engine.layers.triton_gated).
 - More rows: x quantized per token by one Triton kernel (`quantize_rows`: `quantize_fp8_rows`' rule; in torch
   that rule is ~7 passes over x, a few ms per 2k-token prefill of an 8B model) and `torch._scaled_mm` with rowwise
   scales: a [M, K] row-major fp8, b = w^T [K, N] column-major (w [N, K] contiguous, transposed as a view),
@@ -24,6 +26,8 @@ import triton.language as tl
 
 from engine.layers.pdl import pdl_supported
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from engine.layers.triton_activation import silu_and_mul
+from engine.layers.triton_gated import store_rows, tile_rows
 
 _BLOCK_KS = (1024, 512, 256, 128, 64)
 QUANT_BLOCK = 1024
@@ -47,11 +51,11 @@ class Fp8GemvTiles:
 
 @triton.jit
 def _fp8_gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn, half_n,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tile_rows(BLOCK_N, half_n, GATED)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     # NOTE: the weight read VEC bytes per thread (x's values per 16-byte load) and x as a [BLOCK_N, BLOCK_K] tile
@@ -77,7 +81,7 @@ def _fp8_gemv_kernel(
     out = tl.sum(acc, axis=1) * tl.load(scale_ptr + rows)
     if HAS_BIAS:
         out += tl.load(bias_ptr + rows).to(tl.float32)
-    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
+    store_rows(out_ptr, rows, out, BLOCK_N, GATED)
 
 
 @triton.jit
@@ -163,9 +167,11 @@ def fp8_gemv(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     tiles: Fp8GemvTiles | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """x [1, K] (bf16/fp16/fp32) @ (weight fp8 [N, K] * weight_scale float32 [N])^T + bias -> [1, N] in x's dtype.
-    `tiles` (default: `default_tiles`) must divide N and K."""
+    """x [1, K] (bf16/fp16/fp32) @ (weight fp8 [N, K] * weight_scale float32 [N])^T + bias -> [1, N] in x's dtype,
+    or (gated: N = 2 * I, gate rows then up rows) silu(gate) * up [1, I]. `tiles` (default: `default_tiles`) must
+    divide N and K."""
     n, k = weight.shape
     tiles = tiles or default_tiles(n, k)
     if tiles is None or n % tiles.block_n or k % tiles.block_k:
@@ -175,11 +181,14 @@ def fp8_gemv(
     if weight_scale.shape != (n,) or weight_scale.dtype != torch.float32 or (bias is not None and bias.shape != (n,)):
         raise ValueError(f"weight_scale {weight_scale.dtype}{tuple(weight_scale.shape)} or bias is not [{n}]")
     x = x.contiguous()
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    if gated and (n % 2 or tiles.block_n % 2):
+        raise ValueError(f"a gated fp8 GEMV needs an even weight height and tile, got {n} rows in {tiles} tiles")
+    out = torch.empty((1, n // 2 if gated else n), dtype=x.dtype, device=x.device)
     pdl = tiles.pdl and pdl_supported(x.device)
     _fp8_gemv_kernel[(n // tiles.block_n,)](
-        x, weight, weight_scale, bias, out, k, weight.stride(0), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
+        x, weight, weight_scale, bias, out, k, weight.stride(0), n // 2, HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
+        GATED=gated,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
@@ -196,6 +205,23 @@ def fp8_linear(
     """x [T, K] -> [T, N]: the GEMV at T = 1, `torch._scaled_mm` with per-token x scales otherwise."""
     if x.shape[0] == 1 and gemv_supported(weight):
         return fp8_gemv(x, weight, weight_scale, bias)
+    return _scaled_mm(x, weight, weight_scale, bias)
+
+
+def fp8_linear_silu_and_mul(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`silu_and_mul(fp8_linear(...))` for the gate_up projection (gate rows then up rows): one launch at T = 1,
+    bit for bit the same."""
+    tiles = default_tiles(*weight.shape)
+    if x.shape[0] == 1 and gemv_supported(weight) and tiles is not None and tiles.block_n % 2 == 0:
+        return fp8_gemv(x, weight, weight_scale, bias, tiles, gated=True)
+    return silu_and_mul(fp8_linear(x, weight, weight_scale, bias))
+
+
+def _scaled_mm(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     xq, x_scale = quantize_rows(x)
     out = torch._scaled_mm(
         xq,

@@ -105,7 +105,7 @@ class LlamaMLP(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x, self.kernels.silu_and_mul))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -17,7 +17,8 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_prefill import prefill_attention
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8_rows
-from engine.layers.triton_fp8_linear import fp8_gemv, fp8_linear, quantize_rows
+from engine.layers.triton_activation import silu_and_mul
+from engine.layers.triton_fp8_linear import Fp8GemvTiles, fp8_gemv, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from engine.layers.triton_rope import qk_norm_rope_store
 from tests.engine.test_triton_attention import BLOCK_SIZE, LAYER, assert_close_per_request, make_batch
 from tests.engine.triton_layer_checks import EPS, make_rope_case, rel_error
@@ -35,6 +36,22 @@ def check_fp8_gemv(n: int, k: int, dtype: torch.dtype, device: str, seed: int, b
     want = x.double() @ dequantize_fp8(weight, scale).double().T + (0 if b is None else b.double())
     assert got.shape == (1, n) and got.dtype == dtype and bool(torch.isfinite(got).all())
     assert rel_error(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def check_fp8_gemv_silu_and_mul(n: int, k: int, dtype: torch.dtype, device: str, seed: int, bias: bool,
+                                tiles: Fp8GemvTiles | None = None) -> None:  # fmt: skip
+    """The gated GEMV (gate_up and SwiGLU in one launch) equals the GEMV then `silu_and_mul`, bit for bit, with the
+    same tiles (default: the shape's); `fp8_linear_silu_and_mul` runs it at one row and the two calls above."""
+    gen = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(3, k, generator=gen, device=device).to(dtype)
+    weight, scale = quantize_fp8_rows(torch.randn(n, k, generator=gen, device=device) * k**-0.5)
+    b = torch.randn(n, generator=gen, device=device).to(dtype) if bias else None
+    got = fp8_gemv(x[:1], weight, scale, b, tiles, gated=True)
+    assert got.shape == (1, n // 2) and torch.equal(got, silu_and_mul(fp8_gemv(x[:1], weight, scale, b, tiles)))
+    if tiles is None:
+        assert torch.equal(fp8_linear_silu_and_mul(x[:1], weight, scale, b), got)
+    if device == "cuda":  # NOTE: three rows run torch._scaled_mm
+        assert torch.equal(fp8_linear_silu_and_mul(x, weight, scale, b), silu_and_mul(fp8_linear(x, weight, scale, b)))
 
 
 def check_quantize_rows(m: int, k: int, dtype: torch.dtype, device: str, seed: int, check_values: bool) -> None:
@@ -117,6 +134,8 @@ def run_interpreted_checks() -> None:
     """Small CPU cases for the Triton interpreter (the process must start with TRITON_INTERPRET=1)."""
     check_fp8_gemv(16, 1024, torch.float32, "cpu", seed=0, bias=True)
     check_fp8_gemv(8, 192, torch.float16, "cpu", seed=1, bias=False)
+    check_fp8_gemv_silu_and_mul(16, 1024, torch.float32, "cpu", seed=5, bias=True)
+    check_fp8_gemv_silu_and_mul(32, 512, torch.float16, "cpu", seed=6, bias=False, tiles=Fp8GemvTiles(4, 128))
     check_quantize_rows(5, 1500, torch.float16, "cpu", seed=3, check_values=False)
     check_quantize_rows(2, 16400, torch.float16, "cpu", seed=4, check_values=False)
     check_fp8_kv_attention([(40, 1), (0, 1), (17, 5), (0, 20), (70, 1)], (4, 1, 16), torch.float16, "cpu", seed=2)

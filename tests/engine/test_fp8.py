@@ -193,7 +193,7 @@ def test_fp8_engine_quantizes_every_projection_and_tracks_float32(
     """The whole engine with quantization="fp8", its GEMM swapped for the torch reference (the device check is what
     refuses CPU): every decoder projection fp8, embedding and lm_head float32, prompt logits near float32's."""
     folder = save_tiny_model("qwen3", tmp_path)
-    monkeypatch.setattr(registry, "_fp8_gemm", lambda field_name, device: fp8_linear_reference)
+    monkeypatch.setattr(registry, "_fp8_gemms", lambda field_name, device: (fp8_linear_reference, None))
     prompt = make_prompts(vocab_size=512)[9]
     reference = prompt_logits(LLMEngine(engine_config(str(folder), device="cpu", num_blocks=32)), prompt)
     engine = LLMEngine(engine_config(str(folder), device="cpu", num_blocks=32, quantization="fp8"))

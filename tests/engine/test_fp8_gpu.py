@@ -30,6 +30,7 @@ from engine.llm_engine import LLMEngine
 from tests.engine.fp8_checks import (
     check_fp8_cache_store,
     check_fp8_gemv,
+    check_fp8_gemv_silu_and_mul,
     check_fp8_kv_attention,
     check_fp8_linear_batch,
     check_quantize_rows,
@@ -52,6 +53,12 @@ BOUNDS = {"fp8": (0.2, 2.0), "fp8+kv": (0.22, 2.0), "fp8+head": (0.21, 2.0)}
 def test_fp8_gemv_at_the_8b_shapes(n: int, k: int) -> None:
     check_fp8_gemv(n, k, torch.bfloat16, "cuda", seed=n + k, bias=False)
     check_fp8_gemv(n, k, torch.float16, "cuda", seed=n - k, bias=True)
+
+
+@pytest.mark.parametrize(("n", "k"), [(24576, 4096), (6144, 1024)])
+def test_fp8_gated_gemv_is_the_gemv_then_silu_and_mul(n: int, k: int) -> None:
+    check_fp8_gemv_silu_and_mul(n, k, torch.bfloat16, "cuda", seed=n, bias=False)
+    check_fp8_gemv_silu_and_mul(n, k, torch.float16, "cuda", seed=k, bias=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

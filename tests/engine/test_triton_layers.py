@@ -28,6 +28,7 @@ from tests.engine.triton_layer_checks import (
     LAYER,
     check_fused_add_rms_norm,
     check_gemv,
+    check_gemv_silu_and_mul,
     check_rms_norm,
     check_rope,
     check_silu_and_mul,
@@ -118,6 +119,17 @@ GPU_GEMV = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4
 @pytest.mark.parametrize("shape", GPU_GEMV, ids=lambda s: f"n{s[0]}k{s[1]}")
 def test_gemv_matches_reference(shape: tuple[int, int], dtype: torch.dtype) -> None:
     check_gemv(*shape, dtype, "cuda", seed=shape[0], bias=shape[0] == 6144)
+
+
+# NOTE: gate_up of Qwen3-8B, Qwen3-0.6B, and Qwen2-0.5B (K = 896: no GEMV tiling, so F.linear then silu_and_mul).
+GPU_GATE_UP = [(24576, 4096), (6144, 1024), (9728, 896)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", GPU_GATE_UP, ids=lambda s: f"n{s[0]}k{s[1]}")
+def test_gated_gemv_is_the_gemv_then_silu_and_mul(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    check_gemv_silu_and_mul(*shape, dtype, "cuda", seed=shape[1], bias=shape[0] == 6144)
 
 
 def test_gemv_leaves_other_shapes_to_f_linear() -> None:

@@ -11,7 +11,7 @@ import torch
 
 from engine.layers import rotary_embedding, torch_ops
 from engine.layers.triton_activation import silu_and_mul
-from engine.layers.triton_gemv import gemv_supported
+from engine.layers.triton_gemv import gemv_supported, linear_silu_and_mul
 from engine.layers.triton_gemv import linear as gemv_linear
 from engine.layers.triton_rms_norm import fused_add_rms_norm, rms_norm
 from engine.layers.triton_rope import qk_norm_rope_store
@@ -184,6 +184,18 @@ def check_gemv(n: int, k: int, dtype: torch.dtype, device: str, seed: int, bias:
     assert rel_error(got, want64) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+def check_gemv_silu_and_mul(n: int, k: int, dtype: torch.dtype, device: str, seed: int, bias: bool) -> None:
+    """The gated GEMV (gate_up and SwiGLU in one launch) equals the GEMV then `silu_and_mul`, bit for bit; at two rows
+    it is those two calls."""
+    gen = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(2, k, generator=gen, device=device).to(dtype)
+    weight = random_rows(n, k, dtype, gen, scale=k**-0.5)
+    b = torch.randn(n, generator=gen, device=device).to(dtype) if bias else None
+    got = linear_silu_and_mul(x[:1], weight, b)
+    assert got.shape == (1, n // 2) and torch.equal(got, silu_and_mul(gemv_linear(x[:1], weight, b)))
+    assert torch.equal(linear_silu_and_mul(x, weight, b), silu_and_mul(gemv_linear(x, weight, b)))
+
+
 def run_interpreted_checks() -> None:
     """Small CPU cases for the Triton interpreter (the process must start with TRITON_INTERPRET=1)."""
     for dtype in (torch.float32, torch.float16):
@@ -196,3 +208,5 @@ def run_interpreted_checks() -> None:
         check_rope(make_rope_case(1, (16, 8, 128), True, dtype, "cpu", seed=6))
     check_gemv(16, 1024, torch.float32, "cpu", seed=7, bias=True)
     check_gemv(8, 512, torch.float32, "cpu", seed=8, bias=False)
+    check_gemv_silu_and_mul(16, 1024, torch.float32, "cpu", seed=9, bias=True)
+    check_gemv_silu_and_mul(32, 512, torch.float16, "cpu", seed=10, bias=False)

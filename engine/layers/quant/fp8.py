@@ -53,11 +53,13 @@ class Fp8LinearMethod(LinearMethod):
     """Keeps fp8 weights + per-channel scales and runs `gemm` on them.
 
     `from_checkpoint`: the layer's parameters are created fp8 (the checkpoint fills them); otherwise they are
-    created in the model dtype and quantized once loaded."""
+    created in the model dtype and quantized once loaded. `gemm_silu_and_mul` (optional): the gate_up projection
+    and SwiGLU in one (`apply_silu_and_mul`)."""
 
-    def __init__(self, gemm: Fp8Gemm, from_checkpoint: bool) -> None:
+    def __init__(self, gemm: Fp8Gemm, from_checkpoint: bool, gemm_silu_and_mul: Fp8Gemm | None = None) -> None:
         self.gemm = gemm
         self.from_checkpoint = from_checkpoint
+        self.gemm_silu_and_mul = gemm_silu_and_mul
 
     def create_weights(self, layer: Linear) -> None:
         if not self.from_checkpoint:
@@ -78,17 +80,25 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, layer.weight, layer.get_parameter("weight_scale"), layer.bias)
 
+    def apply_silu_and_mul(
+        self, layer: Linear, x: torch.Tensor, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        if self.gemm_silu_and_mul is None:
+            return super().apply_silu_and_mul(layer, x, silu_and_mul)
+        return self.gemm_silu_and_mul(x, layer.weight, layer.get_parameter("weight_scale"), layer.bias)
+
 
 class Fp8(QuantMethod):
     """A float checkpoint quantized to FP8 at load."""
 
     name = "fp8"
 
-    def __init__(self, gemm: Fp8Gemm) -> None:
+    def __init__(self, gemm: Fp8Gemm, gemm_silu_and_mul: Fp8Gemm | None = None) -> None:
         self.gemm = gemm
+        self.gemm_silu_and_mul = gemm_silu_and_mul
 
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
-        return Fp8LinearMethod(self.gemm, from_checkpoint=False)
+        return Fp8LinearMethod(self.gemm, from_checkpoint=False, gemm_silu_and_mul=self.gemm_silu_and_mul)
 
     def head_method(self, unquantized: LinearMethod) -> LinearMethod:
         return self.linear_method(unquantized)
@@ -99,12 +109,13 @@ class CompressedTensorsFp8(QuantMethod):
 
     name = "compressed-tensors"
 
-    def __init__(self, config: Mapping[str, Any], gemm: Fp8Gemm) -> None:
+    def __init__(self, config: Mapping[str, Any], gemm: Fp8Gemm, gemm_silu_and_mul: Fp8Gemm | None = None) -> None:
         _check_compressed_tensors(config)
         self.gemm = gemm
+        self.gemm_silu_and_mul = gemm_silu_and_mul
 
     def linear_method(self, unquantized: LinearMethod) -> LinearMethod:
-        return Fp8LinearMethod(self.gemm, from_checkpoint=True)
+        return Fp8LinearMethod(self.gemm, from_checkpoint=True, gemm_silu_and_mul=self.gemm_silu_and_mul)
 
     def head_method(self, unquantized: LinearMethod) -> LinearMethod:
         # NOTE: llm-compressor leaves the lm_head in float (its default `ignore`); it is quantized at load here.

@@ -43,7 +43,7 @@ def resolve_quant_method(
     method = (stored or "none") if requested == "auto" else requested
     if stored == _COMPRESSED_TENSORS and method in ("fp8", stored):
         assert checkpoint_config is not None
-        return CompressedTensorsFp8(checkpoint_config, _fp8_gemm("quantization", device))
+        return CompressedTensorsFp8(checkpoint_config, *_fp8_gemms("quantization", device))
     if stored is not None and method != stored:
         raise InvalidArgumentError("quantization", f"{method!r} asked for, but the checkpoint is {stored}-quantized")
     if method in _CHECKPOINT_FORMATS:
@@ -52,7 +52,7 @@ def resolve_quant_method(
             raise InvalidArgumentError("quantization", f"{method!r} needs a checkpoint with a quantization_config")
         return _CHECKPOINT_FORMATS[method](config, packed=device.type == "cuda")
     if method == "fp8":
-        return Fp8(_fp8_gemm("quantization", device))
+        return Fp8(*_fp8_gemms("quantization", device))
     if method == "int8":
         return Int8()
     if method == "none":
@@ -74,11 +74,12 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device
     return model_dtype
 
 
-def _fp8_gemm(field_name: str, device: torch.device) -> Fp8Gemm:
+def _fp8_gemms(field_name: str, device: torch.device) -> tuple[Fp8Gemm, Fp8Gemm]:
+    """The FP8 GEMM and its gated variant (gate_up with SwiGLU) on `device`."""
     _require_fp8_device(field_name, device)
-    from engine.layers.triton_fp8_linear import fp8_linear
+    from engine.layers.triton_fp8_linear import fp8_linear, fp8_linear_silu_and_mul
 
-    return fp8_linear
+    return fp8_linear, fp8_linear_silu_and_mul
 
 
 def _require_fp8_device(field_name: str, device: torch.device) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.layers.kernels import LayerKernels
@@ -15,6 +17,11 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(x, layer.weight, layer.bias)
+
+    def apply_silu_and_mul(
+        self, layer: Linear, x: torch.Tensor, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        return self.kernels.linear_silu_and_mul(x, layer.weight, layer.bias)
 
 
 class Unquantized(QuantMethod):
