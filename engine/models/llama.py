@@ -6,7 +6,8 @@ Differences between the members: Qwen2 has q/k/v biases, Qwen3 normalizes q and 
 frequencies.
 
 Per layer, the elementwise work runs as fused kernels (`LayerKernels`, Triton on CUDA, torch elsewhere): residual
-add + RMSNorm, q/k norm + RoPE + paged K/V store, SiLU-and-mul. The residual stream is carried beside the hidden
+add + RMSNorm, q/k norm + RoPE + paged K/V store, SiLU-and-mul (inside the gate_up GEMV's launch at batch 1 where the
+weight format has that kernel: `LinearMethod.apply_silu_and_mul`). The residual stream is carried beside the hidden
 states, so `x + attn(norm(x))` becomes `norm(attn_out + residual)` with the sum kept as the next residual.
 
 Tensor parallelism (`engine.parallel.layers`): q/k/v and gate/up are column-parallel (each rank holds its heads and
