@@ -18,7 +18,8 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.layers.quant.int4 import Awq, Gptq, Int4Checkpoint
 from engine.layers.quant.int4_layout import PackedInt4, dequantize, pack_kernel_order
 from engine.layers.quant.int4_tuning import Int4Config
-from engine.layers.quant.triton_int4 import int4_linear
+from engine.layers.quant.triton_int4 import int4_linear, int4_linear_silu_and_mul
+from engine.layers.triton_activation import silu_and_mul
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import build_model, checkpoint_tensors, load_weights, process_weights_after_loading
 from tests.engine.int4_reference import Int4Format, quantization_config, quantize_projection, write_int4_checkpoint
@@ -83,6 +84,21 @@ def check_int4_linear(
     assert error < tolerance, f"m={m} n={n} k={k} {dtype} {config}: relative error {error:.2e}"
 
 
+def check_int4_silu_and_mul(
+    case: tuple[PackedInt4, torch.Tensor], m: int, dtype: torch.dtype, bias: bool, seed: int,
+    config: Int4Config | None = None,
+) -> None:  # fmt: skip
+    """The gated GEMV (gate_up and SwiGLU in one launch) equals `int4_linear` then `silu_and_mul`, bit for bit; a
+    config it does not gate (split-K, the GEMM) runs those two calls."""
+    packed, weight = case
+    gen = torch.Generator(weight.device).manual_seed(seed)
+    x = torch.randn(m, weight.shape[1], generator=gen, device=weight.device).to(dtype)
+    b = torch.randn(weight.shape[0], generator=gen, device=weight.device).to(dtype) if bias else None
+    got = int4_linear_silu_and_mul(x, packed, b, config)
+    assert got.shape == (m, weight.shape[0] // 2)
+    assert torch.equal(got, silu_and_mul(int4_linear(x, packed, b, config))), f"m={m} {dtype} {config}"
+
+
 def check_packed_model_layers(folder: Path) -> None:
     """A model loaded packed from the int4 checkpoint in `folder` (fused q|k|v and gate|up layers stacked by the
     loader, act-order permutations shared by their shards) runs each projection of layer 0 as the dequantized model
@@ -129,7 +145,8 @@ def run_interpreted_checks() -> None:
     """Small CPU cases (the process must start with TRITON_INTERPRET=1): every kernel (GEMV with and without
     split-K, GEMM with 1 and 2 groups per step, dequantize + matmul) on the asymmetric act-order format at 1 and 3
     rows (GEMV) or 20 rows, one of each on the other formats, on 48 outputs x 384 inputs (no tile divides either);
-    the packed half-precision GEMV in bf16 and fp16 (its plain-Triton path, the GPU's roundings) on the same shape;
+    the packed half-precision GEMV in bf16 and fp16 (its plain-Triton path, the GPU's roundings) on the same shape,
+    and the gated GEMV (float32 and HALF2 bf16, 1 and 3 rows) against the GEMV then SiLU-and-mul;
     the default choice at 1, 2 and 9 rows on a `random_case` (as the GPU tests use); then a one-layer qwen3
     (hidden 128) GPTQ act-order checkpoint loaded packed, layer by layer."""
     for seed, name in enumerate(FORMATS):
@@ -142,6 +159,9 @@ def run_interpreted_checks() -> None:
     for i, config in enumerate(HALF2_CONFIGS):
         for dtype in (torch.bfloat16, torch.float16):
             check_int4_linear(case, 1 + 2 * (i % 2), dtype, bias=i == 0, seed=i, config=config)
+    for i, config in enumerate([_gemv(16, 2, 1), _gemv(8, 4, 1), HALF2_CONFIGS[0], _gemv(16, 1, 3), _gemm(16, 16, 2)]):
+        dtype = torch.bfloat16 if config in HALF2_CONFIGS else torch.float32
+        check_int4_silu_and_mul(case, 1 + 2 * (i % 2), dtype, bias=i % 2 == 0, seed=i, config=config)
     random = random_case(40, 256, act_order=True, device="cpu", seed=9)
     check_int4_linear(random, 1, torch.float32, bias=False, seed=9)
     check_int4_linear(random, 2, torch.float32, bias=False, seed=9)

@@ -58,9 +58,10 @@ def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
 def test_fp8_gemv_k_loop_has_no_barrier() -> None:
     tiles = default_tiles(24576, 4096)
     assert tiles is not None
-    for pdl in (False, True):
+    # NOTE: the gated GEMV (SwiGLU after the loop) has the same loop.
+    for pdl, gated in ((False, False), (True, False), (False, True)):
         constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "VEC": 8,
-                      "PDL": pdl}  # fmt: skip
+                      "PDL": pdl, "GATED": gated}  # fmt: skip
         ptx = compile_for_hopper(_fp8_gemv_kernel, constexprs, tiles.num_warps)
         loop = ptx[ptx.index("Inner Loop Header") :]
         loop = loop[: loop.index("bra")]

@@ -18,7 +18,14 @@ from engine.layers.quant.int4_random import quantized_parts
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import MODEL_SHAPES
-from tests.engine.int4_kernel_checks import FORMATS, HALF2_CONFIGS, check_int4_linear, make_case, random_case
+from tests.engine.int4_kernel_checks import (
+    FORMATS,
+    HALF2_CONFIGS,
+    check_int4_linear,
+    check_int4_silu_and_mul,
+    make_case,
+    random_case,
+)
 from tests.engine.int4_reference import Int4Format, quantize_projection
 from tests.engine.quant_support import greedy
 from tests.engine.triton_interpreter import run_interpreted
@@ -106,3 +113,13 @@ def test_half2_gemv_on_gpu(shape: tuple[int, int]) -> None:
     for i, config in enumerate(HALF2_CONFIGS):
         for dtype in (torch.bfloat16, torch.float16):
             check_int4_linear(case, 1 + 2 * (i % 2), dtype, bias=i == 0, seed=i, config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_order", [False, True], ids=["in-order", "act-order"])
+def test_int4_gated_gemv_on_gpu(act_order: bool) -> None:
+    """The 8B gate_up (24576x4096) with SwiGLU in the GEMV's launch, at 1 row on the tuned table's GEMV and at 2 and
+    3 rows on its GEMM (two calls): bit for bit the GEMV then `silu_and_mul`, in bf16 and fp16."""
+    case = random_case(24576, 4096, act_order, "cuda", seed=7)
+    for rows, dtype in ((1, torch.bfloat16), (1, torch.float16), (2, torch.bfloat16), (3, torch.float16)):
+        check_int4_silu_and_mul(case, rows, dtype, bias=rows == 1 and dtype == torch.float16, seed=rows)

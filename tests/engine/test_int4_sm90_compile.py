@@ -40,7 +40,7 @@ def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
     """The float32 GEMV with split-K and programmatic dependent launch: the loop has no barrier or shared memory;
     the first weight tile is loaded before the wait for the previous kernel, x after it."""
     constexprs = {"HAS_PERM": False, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": True, "HALF2": False,
-                  "MAGIC": 0, "ASM": True, "EVEN": False, "PDL": True}  # fmt: skip
+                  "MAGIC": 0, "ASM": True, "EVEN": False, "PDL": True, "GATED": False}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out="*fp32").asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]
@@ -51,16 +51,18 @@ def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
     compile_for_hopper(_splitk_reduce_kernel, {"HAS_BIAS": True, "BLOCK": 1024}, 4)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize(("act", "magic", "packed_fma"), [("*bf16", 0x43004300, "fma.rn.bf16x2"),
                                                          ("*fp16", 0x64006400, "fma.rn.f16x2")])  # fmt: skip
 def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_two_words(
-    act: str, magic: int, packed_fma: str
+    act: str, magic: int, packed_fma: str, gated: bool
 ) -> None:
     """The packed half-precision GEMV's loop, act-order, 16 rows x 4 groups on 4 warps (8 words per thread): per
     word 8 packed FMAs (4 zero subtractions, 4 products), per two words one more (their sums added), one float add
-    (the widening) and one float FMA (the group scale); no float multiply, no barrier or shared-memory load."""
+    (the widening) and one float FMA (the group scale); no float multiply, no barrier or shared-memory load. The
+    gated variant (SwiGLU after the loop) has the same loop."""
     constexprs = {"HAS_PERM": True, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": False, "HALF2": True,
-                  "MAGIC": magic, "ASM": True, "EVEN": True, "PDL": False}  # fmt: skip
+                  "MAGIC": magic, "ASM": True, "EVEN": True, "PDL": False, "GATED": gated}  # fmt: skip
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out=act, act=act).asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]

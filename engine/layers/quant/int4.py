@@ -16,7 +16,7 @@ input permutation), which `Int4LinearMethod` runs on the Triton kernels of engin
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -62,9 +62,10 @@ class Int4LinearMethod(LinearMethod):
     input_params = ("input_perm",)
 
     def __init__(self) -> None:
-        from engine.layers.quant.triton_int4 import int4_linear
+        from engine.layers.quant.triton_int4 import int4_linear, int4_linear_silu_and_mul
 
         self.kernel = int4_linear
+        self.kernel_silu_and_mul = int4_linear_silu_and_mul
         self.packed: dict[Linear, PackedInt4] = {}
 
     def create_weights(self, layer: Linear) -> None:
@@ -87,6 +88,11 @@ class Int4LinearMethod(LinearMethod):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.kernel(x, self.packed[layer], layer.bias)
+
+    def apply_silu_and_mul(
+        self, layer: Linear, x: torch.Tensor, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        return self.kernel_silu_and_mul(x, self.packed[layer], layer.bias)
 
 
 class Int4Checkpoint(QuantMethod):

@@ -17,6 +17,8 @@
   With PDL (a tuning knob; CUDA) the kernel is launched as a programmatic dependent launch: it may start before
   the previous kernel in the stream has finished, loads its first weight tile, then waits for that kernel
   (`griddepcontrol.wait`) before it reads x or writes anything.
+  Gated (`int4_linear_silu_and_mul`, a config without split-K), the gate_up projection runs with SwiGLU in the
+  same launch (engine.layers.triton_gated).
 - "gemm" / "dequant" (more rows): engine.layers.quant.triton_int4_gemm.
 Act-order layers gather their activation columns through `perm`.
 """
@@ -32,6 +34,8 @@ from engine.layers.quant.int4_layout import GROUP_SIZE, WORDS_PER_GROUP, PackedI
 from engine.layers.quant.int4_tuning import Int4Config, config_for
 from engine.layers.quant.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
 from engine.layers.quant.triton_int4_half2 import HALF_MAGIC, _half2_word_sums, _x_at
+from engine.layers.triton_activation import silu_and_mul
+from engine.layers.triton_gated import store_rows, tile_rows
 
 # NOTE: the bits of float 2^23; OR-ing a nibble into its low mantissa bits gives the float 2^23 + nibble.
 _MAGIC = tl.constexpr(0x4B000000)
@@ -79,11 +83,11 @@ def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PER
 @triton.jit
 def _int4_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
-    groups_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
-    PDL: tl.constexpr,
+    groups_per_split, half_n, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr, PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr,
+    EVEN: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tile_rows(BLOCK_N, half_n, GATED)
     x_row = x_ptr + tl.program_id(1) * stride_xm
     g_begin = tl.program_id(2) * groups_per_split
     g_end = tl.minimum(g_begin + groups_per_split, K // 128)
@@ -117,7 +121,10 @@ def _int4_gemv_kernel(
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0).to(tl.float32)
         out_row = out_ptr + tl.program_id(1) * stride_om
-        tl.store(out_row + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
+        if GATED:  # NOTE: whole tiles only (the launcher's check)
+            store_rows(out_row, rows, out, BLOCK_N, GATED)
+        else:
+            tl.store(out_row + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @triton.jit
@@ -151,30 +158,46 @@ def _check(x: torch.Tensor, packed: PackedInt4, bias: torch.Tensor | None) -> No
         raise ValueError(f"bias {tuple(bias.shape)} is not [{n}]")
 
 
-def _gemv(x, packed, bias, out, meta: dict[str, int]) -> None:
+def _gemv(x, packed, bias, out, meta: dict[str, int], gated: bool = False) -> None:
+    """`gated`: out [M, N / 2] takes silu(gate) * up (one split, whole tiles: `_gates_in_launch`)."""
     m, k = x.shape
     n = packed.weight.shape[0]
     meta = dict(meta)
     half2 = bool(meta.pop("HALF2", 0)) and x.dtype in HALF_MAGIC
     pdl = bool(meta.pop("PDL", 0)) and pdl_supported(x.device)
     num_groups = k // GROUP_SIZE
-    groups_per_split = triton.cdiv(triton.cdiv(num_groups, meta.pop("SPLIT_K", 1)), meta["GROUPS"]) * meta["GROUPS"]
+    groups_per_split = _groups_per_split(num_groups, meta.pop("SPLIT_K", 1), meta["GROUPS"])
     num_splits = triton.cdiv(num_groups, groups_per_split)
     partial = num_splits > 1
     target = torch.empty((num_splits, m, n), dtype=torch.float32, device=x.device) if partial else out
     grid = (triton.cdiv(n, meta["BLOCK_N"]), m, num_splits)
     _int4_gemv_kernel[grid](
         x, packed.weight, packed.scale, packed.zero, packed.perm, bias, target, n, k, x.stride(0),
-        packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split,
+        packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split, n // 2,
         HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
         EVEN=num_groups % groups_per_split == 0,
-        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, **meta,
+        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, GATED=gated, **meta,
         **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
         _splitk_reduce_kernel[reduce_grid](target, bias, out, n, out.stride(0), num_splits,
                                            HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK)  # fmt: skip
+
+
+def _groups_per_split(num_groups: int, split_k: int, groups: int) -> int:
+    """K's groups per program of a GEMV split `split_k` ways, a whole number of GROUPS-group steps."""
+    return triton.cdiv(triton.cdiv(num_groups, split_k), groups) * groups
+
+
+def _gates_in_launch(n: int, k: int, config: Int4Config) -> bool:
+    """Whether `config` runs the gated GEMV: the GEMV kernel, one split (a split-K's partial sums would need the gate
+    in their reduce), whole tiles of an even BLOCK_N."""
+    if config.kernel != "gemv":
+        return False
+    meta, num_groups = config.meta, k // GROUP_SIZE
+    one_split = _groups_per_split(num_groups, meta.get("SPLIT_K", 1), meta["GROUPS"]) >= num_groups
+    return one_split and meta["BLOCK_N"] % 2 == 0 and n % meta["BLOCK_N"] == 0
 
 
 def _gemm(x, packed, bias, out, meta: dict[str, int]) -> None:
@@ -217,4 +240,20 @@ def int4_linear(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m:
         _LAUNCHERS[config.kernel](x, packed, bias, out, config.meta)
+    return out
+
+
+def int4_linear_silu_and_mul(
+    x: torch.Tensor, packed: PackedInt4, bias: torch.Tensor | None, config: Int4Config | None = None
+) -> torch.Tensor:
+    """`silu_and_mul(int4_linear(x, packed, bias, config))` for the gate_up projection (gate rows then up rows):
+    one launch where the config is a one-split GEMV over whole tiles (`_gates_in_launch`), bit for bit the same."""
+    _check(x, packed, bias)
+    m, k = x.shape
+    n = packed.weight.shape[0]
+    config = config or config_for(n, k, m)
+    if not m or n % 2 or not _gates_in_launch(n, k, config):
+        return silu_and_mul(int4_linear(x, packed, bias, config))
+    out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
+    _gemv(x, packed, bias, out, config.meta, gated=True)
     return out
