@@ -22,6 +22,8 @@ from engine.models.shapes import SHAPE_PREFIX
 
 WORKLOADS = ("w1", "w2", "w3", "w4", "idle")
 _DEFAULT_NUM_PROMPTS = {"w1": 5, "w2": 5, "w3": 256, "w4": 64}
+WARM_UP_REQUESTS = 3
+"""Warm-up requests of the workload's longest prompt before the measured ones (bench.offline.warm_up)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.input_len,
         args.output_len,
     )
-    warm_up(engine, engine.info.vocab_size)
+    longest = max(len(r.prompt_token_ids) for r in workload.requests)
+    warm_up(engine, engine.info.vocab_size, longest, WARM_UP_REQUESTS)
     summary = run_workload(engine, workload).summary()
     result = {"workload": workload.name} | result | {"engine": summary, "limits": limit_ratios(engine, args, summary)}
     if args.baseline == "transformers":
