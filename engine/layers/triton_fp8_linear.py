@@ -205,23 +205,6 @@ def fp8_linear(
     """x [T, K] -> [T, N]: the GEMV at T = 1, `torch._scaled_mm` with per-token x scales otherwise."""
     if x.shape[0] == 1 and gemv_supported(weight):
         return fp8_gemv(x, weight, weight_scale, bias)
-    return _scaled_mm(x, weight, weight_scale, bias)
-
-
-def fp8_linear_silu_and_mul(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """`silu_and_mul(fp8_linear(...))` for the gate_up projection (gate rows then up rows): one launch at T = 1,
-    bit for bit the same."""
-    tiles = default_tiles(*weight.shape)
-    if x.shape[0] == 1 and gemv_supported(weight) and tiles is not None and tiles.block_n % 2 == 0:
-        return fp8_gemv(x, weight, weight_scale, bias, tiles, gated=True)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, bias))
-
-
-def _scaled_mm(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
     xq, x_scale = quantize_rows(x)
     out = torch._scaled_mm(
         xq,
@@ -233,3 +216,14 @@ def _scaled_mm(
     )
     out = out.to(x.dtype)
     return out if bias is None else out + bias
+
+
+def fp8_linear_silu_and_mul(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`silu_and_mul(fp8_linear(...))` for the gate_up projection (gate rows then up rows): one launch at T = 1,
+    bit for bit the same."""
+    tiles = default_tiles(*weight.shape)
+    if x.shape[0] == 1 and gemv_supported(weight) and tiles is not None and tiles.block_n % 2 == 0:
+        return fp8_gemv(x, weight, weight_scale, bias, tiles, gated=True)
+    return silu_and_mul(fp8_linear(x, weight, weight_scale, bias))
