@@ -248,12 +248,12 @@ def int4_linear_silu_and_mul(
 ) -> torch.Tensor:
     """`silu_and_mul(int4_linear(x, packed, bias, config))` for the gate_up projection (gate rows then up rows):
     one launch where the config is a one-split GEMV over whole tiles (`_gates_in_launch`), bit for bit the same."""
-    _check(x, packed, bias)
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[-1]
     n = packed.weight.shape[0]
     config = config or config_for(n, k, m)
     if not m or n % 2 or not _gates_in_launch(n, k, config):
-        return silu_and_mul(int4_linear(x, packed, bias, config))
+        return silu_and_mul(int4_linear(x, packed, bias, config))  # NOTE: int4_linear checks the arguments
+    _check(x, packed, bias)
     out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
     _gemv(x, packed, bias, out, config.meta, gated=True)
     return out
