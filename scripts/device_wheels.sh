@@ -65,15 +65,24 @@ linked() { ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'; }
 # NOTE: every binary the packages ship, not only redis-server (in Debian 12 a symlink to redis-check-rdb):
 # redis-cli and redis-benchmark are linked apart and could need more.
 binaries() { find "$1/usr/bin" -type f -perm -u+x | sort; }
+# The library packages (lib*) a downloaded .deb depends on (first alternative of each).
+lib_depends() { dpkg-deb -f "$1" Depends | tr ',' '\n' | sed 's/[|(].*//; s/[[:space:]]//g; s/:any$//' | grep '^lib' || true; }
+# NOTE: the libraries come from the packages' Depends, closed over theirs, not from ldd here: this machine may lack
+# a library redis links (liblzf1, libjemalloc2), and ldd skips what it cannot find. The check below runs ldd on
+# the carried tree, so a library nobody declared still fails it.
 packages=()
-for lib in $(for bin in $(binaries "$workdir/root"); do linked "$bin"; done | sort -u); do
-  package="$(owner "$lib")"
-  [[ -n "$package" ]] || { echo "no package holds $lib" >&2; exit 1; }
-  [[ " $BASE_PACKAGES " == *" $package "* ]] || packages+=("$package")
+pending=("$workdir"/*.deb)
+while ((${#pending[@]})); do
+  next=()
+  for dep in $(for deb in "${pending[@]}"; do lib_depends "$deb"; done | sort -u); do
+    [[ " $BASE_PACKAGES ${packages[*]} " == *" $dep "* ]] && continue
+    packages+=("$dep")
+    (cd "$workdir" && apt-get download -qq "$dep" 2>/dev/null) || { echo "cannot download $dep" >&2; exit 1; }
+    next+=("$(ls "$workdir"/"$dep"_*.deb)")
+  done
+  pending=("${next[@]}")
 done
-mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
-echo "    linked beyond the base: ${packages[*]}"
-(cd "$workdir" && apt-get download -qq "${packages[@]}" 2>/dev/null)
+echo "    libraries beyond the base: ${packages[*]}"
 # NOTE: plain names (apt's file names carry the epoch as %3a).
 for deb in "$workdir"/*.deb; do
   name="$(dpkg-deb -f "$deb" Package)"
@@ -84,6 +93,10 @@ done
 for deb in "$DEST"/*.deb; do dpkg-deb -x "$deb" "$workdir/carried"; done
 libpath="$workdir/carried/usr/lib/x86_64-linux-gnu:$workdir/carried/lib/x86_64-linux-gnu"
 for bin in $(binaries "$workdir/carried"); do
+  if LD_LIBRARY_PATH="$libpath" ldd "$bin" | grep 'not found' >&2; then
+    echo "not found (linked by ${bin#"$workdir/carried/"})" >&2
+    exit 1
+  fi
   for lib in $(LD_LIBRARY_PATH="$libpath" linked "$bin"); do
     [[ "$lib" == "$workdir/carried/"* || " $BASE_PACKAGES " == *" $(owner "$lib") "* ]] \
       || { echo "not carried: $lib (linked by ${bin#"$workdir/carried/"})" >&2; exit 1; }
