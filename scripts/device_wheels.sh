@@ -2,9 +2,9 @@
 # Run HERE, once, on a Debian/Ubuntu x86-64 machine with network access: fills .whl/ (git-ignored) with what the
 # GPU machine lacks to run a pdserve cluster there (router, pods, Redis, the online benchmarks):
 #   - pinned wheels for CPython 3.12, no dependencies resolved (each pin's needs are pinned here too);
-#   - Debian's redis-server (and redis-tools) as .deb packages, plus the packages of every shared library their
-#     binaries link beyond glibc and the C++ runtime (found with ldd here), so that they run whatever the GPU
-#     machine's distribution holds.
+#   - Debian's redis-server (and redis-tools) as .deb packages, plus the library packages they depend on (their
+#     Depends, closed over the libraries' own) beyond glibc and the C++ runtime, so that they run whatever the
+#     GPU machine's distribution holds; ldd on the unpacked binaries then checks that nothing else is needed.
 # There, at the start of each command: `source scripts/device_env.sh` (with `.whl` in the run's carry list).
 #
 # Environment: WHEEL_DIR (default .whl).
