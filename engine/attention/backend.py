@@ -45,6 +45,11 @@ class AttentionBackend(ABC):
         """query [T, Hq, D]; kv_cache is the layer's pool slice [num_blocks, 2, block_size, Hkv, D], holding this
         step's K/V too. Returns [T, Hq, D]."""
 
+    def with_pdl(self) -> AttentionBackend:
+        """The backend for a model whose one-row GEMVs launch early (`LinearMethod.gemv_pdl`): its decode kernels
+        then launch early too, where it has such launches; default: itself."""
+        return self
+
 
 def store_kv(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_size: int

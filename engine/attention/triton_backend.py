@@ -19,8 +19,16 @@ MAX_SPLITS = 32
 class TritonAttentionBackend(AttentionBackend):
     """Runs the decode kernel on requests with one query token and the prefill
     kernel on the others. Which launches a step needs is read off integers of the metadata (no per-request
-    Python work per layer); each kernel skips the requests that the other one owns.
+    Python work per layer); each kernel skips the requests that the other one owns. `pdl`: the decode kernels
+    launch early (engine.layers.pdl), each waiting for the kernel before it.
     """
+
+    def __init__(self, block_size: int, scale: float, pdl: bool = False) -> None:
+        super().__init__(block_size, scale)
+        self.pdl = pdl
+
+    def with_pdl(self) -> TritonAttentionBackend:
+        return TritonAttentionBackend(self.block_size, self.scale, pdl=True)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         if kv_cache.shape[2] != self.block_size:
@@ -33,7 +41,7 @@ class TritonAttentionBackend(AttentionBackend):
             launch = decode_launch(str(kv_cache.dtype).removeprefix("torch."))
             num_programs, num_sms = num_reqs * kv_cache.shape[3], _num_sms(query.device)
             num_splits = num_kv_splits(num_programs, metadata.max_seq_len, num_sms, launch.programs_per_sm)
-            decode_attention(*args, self.scale, num_splits, launch.tiles)
+            decode_attention(*args, self.scale, num_splits, launch.tiles, pdl=self.pdl)
         if max_query_len > 1:
             prefill_attention(*args, self.scale)
         return output

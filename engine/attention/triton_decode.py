@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_checks import check_attention_args
+from engine.layers.pdl import pdl_supported
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,8 +84,10 @@ def _decode_kernel(
     stride_oh, stride_bt,
     num_q_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): q and the step's K/V are just written
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -148,8 +151,10 @@ def _decode_kernel(
 @triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, stride_ot, stride_oh, num_q_heads, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch: the partials are the previous kernel's
     req = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + req)
@@ -177,19 +182,23 @@ def decode_attention(
     num_splits: int,
     tiles: DecodeTiles | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    pdl: bool = False,
 ) -> None:
     """Attention of every request whose query length is 1 over its paged context, written into output.
 
     query/output [T, Hq, D]; kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides, unit on D);
     query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table [num_reqs, max_blocks] (int32).
     Correct for any num_splits >= 1, which only sets how finely each context is partitioned. A float8_e4m3fn
-    kv_cache holds K / kv_scales[0] and V / kv_scales[1] (read back in the query's dtype).
+    kv_cache holds K / kv_scales[0] and V / kv_scales[1] (read back in the query's dtype). `pdl`: both launches
+    early (where `pdl_supported`), each waiting for the kernel before it ahead of its first load.
     """
     group = check_attention_args(query, kv_cache, output, query_start_loc, seq_lens, block_table)
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     if num_splits < 1:
         raise ValueError(f"num_splits {num_splits} < 1")
     tiles = tiles or DecodeTiles()
+    pdl = pdl and pdl_supported(query.device)
+    launch = {"launch_pdl": True} if pdl else {}  # NOTE: only a PDL launch names the option
     num_reqs = seq_lens.shape[0]
     num_q_heads = query.shape[1]
     if num_splits > 1:
@@ -229,8 +238,10 @@ def decode_attention(
         # NOTE: Triton's interpreter (CPU tests) runs no inline assembly: there the same conversion is a plain cast.
         FP8_ASM=kv_cache.is_cuda,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        PDL=pdl,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **launch,
     )
     if num_splits > 1:
         _reduce_kernel[(num_reqs, num_q_heads)](
@@ -244,4 +255,6 @@ def decode_attention(
             num_splits,
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
+            PDL=pdl,
+            **launch,
         )

@@ -7,6 +7,7 @@ tests/engine/test_triton_layers.py checks the Triton set against the torch one).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +30,9 @@ class LayerKernels:
     linear_silu_and_mul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def layer_kernels(device: torch.device) -> LayerKernels:
+def layer_kernels(device: torch.device, pdl: bool = False) -> LayerKernels:
+    """The set for `device`; `pdl`: the Triton norms and the q/k norm + RoPE + store launch early (for a model whose
+    one-row GEMVs do, `LinearMethod.gemv_pdl`)."""
     if device.type == "cuda":
         from engine.layers.triton_activation import silu_and_mul as triton_silu_and_mul
         from engine.layers.triton_gemv import linear as triton_linear
@@ -39,9 +42,9 @@ def layer_kernels(device: torch.device) -> LayerKernels:
         from engine.layers.triton_rope import qk_norm_rope_store as triton_qk_norm_rope_store
 
         return LayerKernels(
-            triton_rms_norm,
-            triton_fused_add_rms_norm,
-            triton_qk_norm_rope_store,
+            functools.partial(triton_rms_norm, pdl=pdl),
+            functools.partial(triton_fused_add_rms_norm, pdl=pdl),
+            functools.partial(triton_qk_norm_rope_store, pdl=pdl),
             triton_silu_and_mul,
             triton_linear,
             triton_linear_silu_and_mul,

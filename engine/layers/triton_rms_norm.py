@@ -23,7 +23,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o, stride_ro,
     hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): x is the previous kernel's output
     if PDL_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: the next GEMV may start loading weights
     row = tl.program_id(0).to(tl.int64)
@@ -43,13 +46,16 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (normed * weight).to(dtype), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None, pdl: bool = False
+) -> torch.Tensor:
     """RMSNorm of each row of x [T, hidden] (rows may be strided) with weight [hidden] of x's dtype.
 
-    Returns out [T, hidden], allocated when not given; it may be x itself.
+    Returns out [T, hidden], allocated when not given; it may be x itself. `pdl`: launched early (where
+    `pdl_supported`), waiting for the previous kernel before its first load.
     """
     out = _output("out", out, x)
-    _launch(x, None, weight, out, None, eps)
+    _launch(x, None, weight, out, None, eps, pdl)
     return out
 
 
@@ -60,16 +66,18 @@ def fused_add_rms_norm(
     eps: float,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual_out = x + residual (rounded to the dtype), out = RMSNorm(residual_out); all [T, hidden].
 
     Outputs are allocated when not given. `fused_add_rms_norm(x, r, w, eps, out=x, residual_out=r)` runs in
-    place (no allocation): an output may be one of the inputs, never a partly overlapping view of one.
+    place (no allocation): an output may be one of the inputs, never a partly overlapping view of one. `pdl`: as
+    `rms_norm`'s.
     """
     _output("residual", residual, x)
     out = _output("out", out, x)
     residual_out = _output("residual_out", residual_out, x)
-    _launch(x, residual, weight, out, residual_out, eps)
+    _launch(x, residual, weight, out, residual_out, eps, pdl)
     return out, residual_out
 
 
@@ -89,6 +97,7 @@ def _launch(
     out: torch.Tensor,
     residual_out: torch.Tensor | None,
     eps: float,
+    pdl: bool,
 ) -> None:
     if x.dim() != 2 or not 0 < x.shape[1] <= MAX_HIDDEN_SIZE:
         raise ValueError(f"x {tuple(x.shape)} is not [T, hidden] with 0 < hidden <= {MAX_HIDDEN_SIZE}")
@@ -102,6 +111,7 @@ def _launch(
         raise ValueError("x, residual and the outputs need a unit stride on the hidden dim")
     if num_tokens == 0:
         return
+    pdl = pdl and pdl_supported(x.device)
     block = triton.next_power_of_2(hidden_size)
     _rms_norm_kernel[(num_tokens,)](
         x,
@@ -118,7 +128,9 @@ def _launch(
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         PDL_TRIGGER=pdl_supported(x.device),
+        PDL_WAIT=pdl,
         num_warps=_num_warps(block),
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )
 
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.pdl import pdl_supported
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -93,8 +95,10 @@ def _qk_norm_rope_store_kernel(
     qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, cache_ptr, slot_mapping_ptr, q_out_ptr, eps,
     k_scale, v_scale, stride_qkv, stride_cos_sin, stride_cb, stride_ckv, stride_ct, stride_ch, stride_qt, stride_qh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): qkv is the previous kernel's output
     token = tl.program_id(0).to(tl.int64)
     dtype = q_out_ptr.dtype.element_ty
     d = tl.arange(0, HEAD_DIM // 2)
@@ -128,6 +132,7 @@ def qk_norm_rope_store(
     head_dim: int,
     out: torch.Tensor | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Normalizes (when both weights [D] are given) and rotates q and k of qkv [T, (Hq + 2 * Hkv) * D] by
     positions [T] (int64), stores k and v into kv_cache [num_blocks, 2, block_size, Hkv, D] (any strides but a
@@ -135,6 +140,7 @@ def qk_norm_rope_store(
     (into out when given, else a new contiguous tensor). cos_sin_cache: see the module docstring; positions must
     be rows of it (not checked, which would read the device). A float8_e4m3fn kv_cache gets k / kv_scales[0] and
     v / kv_scales[1], saturated; a cache in qkv's dtype gets k and v as they are (the scales are not read).
+    `pdl`: launched early (where `pdl_supported`), waiting for the previous kernel before its first load.
     """
     num_tokens = _check_args(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, kv_cache, slot_mapping,
                              num_heads, num_kv_heads, head_dim)  # fmt: skip
@@ -145,6 +151,7 @@ def qk_norm_rope_store(
                          f"unit stride on head_dim, of {qkv.dtype}")  # fmt: skip
     if num_tokens == 0:
         return out
+    pdl = pdl and pdl_supported(qkv.device)
     block_hq = triton.next_power_of_2(num_heads)
     _qk_norm_rope_store_kernel[(num_tokens, 2)](
         qkv,
@@ -174,9 +181,11 @@ def qk_norm_rope_store(
         PAGE=kv_cache.shape[2],
         HAS_NORM=q_norm_weight is not None,
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+        PDL=pdl,
         num_warps=4 if block_hq * head_dim <= 2048 else 8,
         # NOTE: no FMA contraction, or `x1 * cos - x2 * sin` skips the product's rounding that torch does.
         enable_fp_fusion=False,
+        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
     )
     return out
 

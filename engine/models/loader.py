@@ -43,11 +43,14 @@ def build_model(
 ) -> LlamaForCausalLM:
     """The model (`comm`'s shard of it) with freshly initialized weights, created directly on `device` in `dtype`;
     its projections (and the lm_head with `quantize_lm_head`) run `quant`'s methods (default: unquantized) once
-    `process_weights_after_loading` has run."""
+    `process_weights_after_loading` has run; the layers' other kernels launch early where those methods'
+    GEMVs do (`LinearMethod.gemv_pdl`)."""
     kernels = layer_kernels(device)
     quant, unquantized = quant or Unquantized(), UnquantizedLinearMethod(kernels)
     linear_method = quant.linear_method(unquantized)
     head_method = quant.head_method(unquantized) if quantize_lm_head else unquantized
+    if linear_method.gemv_pdl:
+        kernels, backend = layer_kernels(device, pdl=True), backend.with_pdl()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

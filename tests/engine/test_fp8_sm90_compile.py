@@ -45,14 +45,14 @@ def compile_for_hopper(kernel: Any, constexprs: dict[str, Any], num_warps: int =
 def test_fp8_kv_attention_and_cache_writer_compile_for_hopper() -> None:
     head = {"HEAD_DIM": 128, "PAGE": 16, "DOT_PRECISION": "tf32", "KV_FP8": True}
     for block_n in (64, 256):
-        decode = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "SPLIT": True, "FP8_ASM": True, **head}
+        decode = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "SPLIT": True, "FP8_ASM": True, "PDL": False, **head}
         ptx = compile_for_hopper(_decode_kernel, decode)
         # NOTE: V's fp8 -> float16 conversion comes before its shuffle into the dot operand layout (no byte loads).
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "ld.shared.b8" not in ptx and "ld.shared.u8" not in ptx
     prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_M": 64, "BLOCK_Q": 16, "BLOCK_N": 64, **head}
     compile_for_hopper(_prefill_kernel, prefill)
     rope = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "BLOCK_HQ": 32, "BLOCK_HKV": 8, "HEAD_DIM": 128, "PAGE": 16}
-    compile_for_hopper(_qk_norm_rope_store_kernel, {**rope, "HAS_NORM": True, "KV_FP8": True})
+    compile_for_hopper(_qk_norm_rope_store_kernel, {**rope, "HAS_NORM": True, "KV_FP8": True, "PDL": False})
 
 
 def test_fp8_gemv_k_loop_has_no_barrier() -> None:

@@ -60,6 +60,8 @@ class Int4LinearMethod(LinearMethod):
     `input_perm`, the others drop it once loaded."""
 
     input_params = ("input_perm",)
+    # NOTE: the tuned one-row kernels of the 8B shape's qkv, o and gate_up launch early (int4_tuned.json's PDL).
+    gemv_pdl = True
 
     def __init__(self) -> None:
         from engine.layers.quant.triton_int4 import int4_linear, int4_linear_silu_and_mul
