@@ -18,12 +18,12 @@ class LinearMethod(ABC):
     """How a `Linear` stores and runs its weight."""
 
     input_params: tuple[str, ...] = ()
+    """Parameters indexed by input channel, not output row: every shard of a `StackedLinear` loads the whole of
+    each (the shards must agree), e.g. an act-order input permutation."""
     gemv_pdl: bool = False
     """Whether its one-row GEMVs launch early (PDL, engine.layers.pdl): the model's norms, q/k norm + RoPE and
     decode attention then launch early too (measured on the 8B shape: W1 GPTQ 2.94 -> 2.83 ms; around GEMVs that
     do not launch early, fp8 and bf16, the same launches cost 0.04 ms)."""
-    """Parameters indexed by input channel, not output row: every shard of a `StackedLinear` loads the whole of
-    each (the shards must agree), e.g. an act-order input permutation."""
 
     def create_weights(self, layer: Linear) -> None:
         """Register the parameters a checkpoint loads into; default: a float `weight` [out, in] in the default dtype,

@@ -2,7 +2,9 @@
 kernel in the stream has finished, up to its `griddepcontrol.wait` (`tl.extra.cuda.gdc_wait`), which waits for
 that kernel's completion and memory. A kernel that calls `gdc_launch_dependents` early lets its PDL successor
 start then (without it, when its programs exit). Used by the batch-1 GEMVs (their first weights load before the
-wait) and the kernels before them in a decoder layer (RMSNorm, SiLU-mul: they signal at their start).
+wait) and the kernels before them in a decoder layer (RMSNorm, SiLU-mul: they signal at their start). Where the
+GEMVs launch with it (`LinearMethod.gemv_pdl`: int4), the kernels between them do too (RMSNorm, q/k norm + RoPE +
+store, decode attention), each waiting for its predecessor at its start.
 """
 
 from __future__ import annotations
