@@ -231,7 +231,8 @@ def test_server_info_and_reflection_v1(
 def _openai_python() -> Path:
     """The Python of a virtualenv holding the `openai` SDK (made when missing); skips when pip cannot get it."""
     python = OPENAI_VENV / "bin" / "python"
-    if subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0:
+    # NOTE: on a fresh machine the venv does not exist yet (running its Python would raise, not fail).
+    if python.exists() and subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0:
         return python
     subprocess.run([sys.executable, "-m", "venv", OPENAI_VENV], check=True, timeout=120)
     pip = [python, "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "15", "openai"]
