@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_checks import check_attention_args
-from engine.layers.pdl import pdl_supported
+from engine.layers.pdl import pdl_launch, pdl_supported
 
 
 @dataclass(slots=True, frozen=True)
@@ -198,7 +198,6 @@ def decode_attention(
         raise ValueError(f"num_splits {num_splits} < 1")
     tiles = tiles or DecodeTiles()
     pdl = pdl and pdl_supported(query.device)
-    launch = {"launch_pdl": True} if pdl else {}  # NOTE: only a PDL launch names the option
     num_reqs = seq_lens.shape[0]
     num_q_heads = query.shape[1]
     if num_splits > 1:
@@ -241,7 +240,7 @@ def decode_attention(
         PDL=pdl,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        **launch,
+        **pdl_launch(pdl),
     )
     if num_splits > 1:
         _reduce_kernel[(num_reqs, num_q_heads)](
@@ -256,5 +255,5 @@ def decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
             PDL=pdl,
-            **launch,
+            **pdl_launch(pdl),
         )

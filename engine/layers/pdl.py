@@ -22,3 +22,8 @@ def pdl_supported(device: torch.device) -> bool:
     Triton that has it (`tl.extra.cuda.gdc_wait`)."""
     has_gdc = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
     return has_gdc and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """The launch keywords of a kernel launched with PDL (`pdl`) or not: only a PDL launch names the option."""
+    return {"launch_pdl": True} if pdl else {}

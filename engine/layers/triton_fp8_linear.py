@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_supported
+from engine.layers.pdl import pdl_launch, pdl_supported
 from engine.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 from engine.layers.triton_activation import silu_and_mul
 from engine.layers.triton_gated import store_rows, tile_rows
@@ -190,7 +190,7 @@ def fp8_gemv(
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
         GATED=gated,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
+        **pdl_launch(pdl),
     )  # fmt: skip
     return out
 

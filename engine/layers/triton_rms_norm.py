@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_supported
+from engine.layers.pdl import pdl_launch, pdl_supported
 
 MAX_HIDDEN_SIZE = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -130,7 +130,7 @@ def _launch(
         PDL_TRIGGER=pdl_supported(x.device),
         PDL_WAIT=pdl,
         num_warps=_num_warps(block),
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
+        **pdl_launch(pdl),
     )
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_supported
+from engine.layers.pdl import pdl_launch, pdl_supported
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -185,7 +185,7 @@ def qk_norm_rope_store(
         num_warps=4 if block_hq * head_dim <= 2048 else 8,
         # NOTE: no FMA contraction, or `x1 * cos - x2 * sin` skips the product's rounding that torch does.
         enable_fp_fusion=False,
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
+        **pdl_launch(pdl),
     )
     return out
 

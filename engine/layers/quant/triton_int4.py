@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.pdl import pdl_supported
+from engine.layers.pdl import pdl_launch, pdl_supported
 from engine.layers.quant.int4_layout import GROUP_SIZE, WORDS_PER_GROUP, PackedInt4
 from engine.layers.quant.int4_tuning import Int4Config, config_for
 from engine.layers.quant.triton_int4_gemm import _int4_dequant_kernel, _int4_gemm_kernel
@@ -177,7 +177,7 @@ def _gemv(x, packed, bias, out, meta: dict[str, int], gated: bool = False) -> No
         HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
         EVEN=num_groups % groups_per_split == 0,
         MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, GATED=gated, **meta,
-        **({"launch_pdl": True} if pdl else {}),  # NOTE: only a PDL launch names the option
+        **pdl_launch(pdl),
     )  # fmt: skip
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
