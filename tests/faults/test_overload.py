@@ -29,7 +29,7 @@ REFUSAL_BOUND_S = 0.1
 """From a call's send to its status (tests.faults.overload_support.concurrent_streams)."""
 MAX_WAITING = 4
 NUM_CLIENT_PROCESSES = 4
-"""The 300-call burst's client processes: one process's 300 calls cost the client as much CPU as the router."""
+"""The 300-call burst's client processes (tests.faults.overload_support.concurrent_streams)."""
 
 
 @pytest.fixture(scope="module")
