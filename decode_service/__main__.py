@@ -65,6 +65,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             tracing=runtime.tracing,
             metrics=runtime.metrics,
             admission=Admission(config.admission.limits(engine.scheduler.config)),
+            engine_nice=config.server.engine_nice_on(engine.info.device),
         )
         worker.start()
         logger.info("KV receiver (%s) on %s", config.transfer.kv_transfer_backend, worker.kv_endpoint)

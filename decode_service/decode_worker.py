@@ -69,8 +69,10 @@ class DecodeWorker:
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
         admission: Admission | None = None,
+        engine_nice: int = 0,
     ) -> None:
-        """`admission` limits the reservations not yet decoding (default: no limit)."""
+        """`admission` limits the reservations not yet decoding (default: no limit); `engine_nice`: the engine thread's
+        added niceness (AsyncEngine)."""
         self.info = engine.info
         self._receiver = receiver
         self._backend = backend
@@ -80,7 +82,9 @@ class DecodeWorker:
         self._metrics = metrics or ServiceMetrics("decode")
         self._load = read_load(engine)
         receiver.on_released = self._on_released
-        self._async_engine = AsyncEngine(engine, on_step=_drop_cache_events, on_update=self._on_update)
+        self._async_engine = AsyncEngine(
+            engine, on_step=_drop_cache_events, on_update=self._on_update, nice=engine_nice
+        )
         self._pending: set[str] = set()  # reserved, neither claimed nor ended yet
         self._request_ids: dict[str, str] = {}  # of pending transfers, for logs
         self._admission = admission or Admission(AdmissionLimits())

@@ -1,14 +1,17 @@
 """Runs an `LLMEngine` on its own thread for asyncio services (the prefill and decode pods).
 
 The engine is single-threaded: every call that touches it is queued as a command and executed on the
-engine thread between steps. Step outputs go back to each request's asyncio queue.
+engine thread between steps. Step outputs go back to each request's asyncio queue. With `nice`, the engine thread
+(and the OpenMP workers its steps start, which inherit it) runs that much nicer than the process's other threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -33,10 +36,18 @@ class EngineDeadError(UnavailableError):
 class AsyncEngine:
     """`on_step(engine, outputs)` runs on the engine thread after every step; `on_update(engine)` after every step
     and every batch of commands (e.g. to publish a snapshot of the engine's load that other threads read).
-    `step_started_ns` is the wall-clock start (time.time_ns) of the latest step, for the hooks."""
+    `step_started_ns` is the wall-clock start (time.time_ns) of the latest step, for the hooks. `nice`: added to the
+    engine thread's niceness when it starts (Linux, where niceness is per thread; elsewhere ignored with a warning)."""
 
-    def __init__(self, engine: LLMEngine, on_step: StepHook | None = None, on_update: UpdateHook | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_step: StepHook | None = None,
+        on_update: UpdateHook | None = None,
+        nice: int = 0,
+    ) -> None:
         self.engine = engine
+        self._nice = nice
         self.step_started_ns = 0
         self._on_step = on_step
         self._on_update = on_update
@@ -115,6 +126,7 @@ class AsyncEngine:
         self._commands.put(command)
 
     def _loop(self) -> None:
+        _lower_thread_priority(self._nice)
         try:
             while not self._stopped.is_set():
                 if self._run_commands(block=not self.engine.has_unfinished_requests()):
@@ -155,3 +167,13 @@ class AsyncEngine:
             if target is not None:
                 loop, stream = target
                 loop.call_soon_threadsafe(stream.put_nowait, output)
+
+
+def _lower_thread_priority(nice: int) -> None:
+    """Add `nice` to the calling thread's niceness (Linux: os.nice changes the calling thread only)."""
+    if not nice:
+        return
+    if sys.platform != "linux":
+        logger.warning("engine thread niceness %d not applied: niceness is per thread only on Linux", nice)
+        return
+    logger.info("engine thread niceness %d", os.nice(nice))

@@ -25,6 +25,8 @@ _WILDCARD_HOSTS = ("0.0.0.0", "::")
 _QUEUED_BATCHES = 4
 _MIN_WAITING = 256
 _QUEUED_STEPS = 8
+_MAX_NICE = 19
+_CPU_ENGINE_NICE = 10
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -44,11 +46,26 @@ class PodServerConfig:
         default=None, metadata=doc("host other services dial; default: --host (the hostname for 0.0.0.0)")
     )
     drain_timeout_s: float = field(default=30.0, metadata=doc("on SIGTERM, how long in-flight requests may finish"))
+    engine_nice: int | None = field(
+        default=None,
+        metadata=doc("niceness added to the engine's step thread (Linux; 0-19: its steps yield the CPU to the pod's "
+                     "gRPC and KV threads and to other processes); default: 10 on a CPU engine, 0 on a GPU"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host", "must not be empty")
         _check_port("port", self.port)
         _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+        nice = self.engine_nice
+        _require(nice is None or 0 <= nice <= _MAX_NICE, "engine_nice", f"must be in [0, {_MAX_NICE}], got {nice}")
+
+    def engine_nice_on(self, device: str) -> int:
+        """--engine-nice, else its default for an engine on `device`. A CPU engine's steps are matrix work on the
+        cores that the pod's gRPC threads (and, in a local cluster, the router) need to answer at once: refusals,
+        aborts, heartbeats. A GPU engine's step thread mostly launches kernels, and any delay to it is the step's."""
+        if self.engine_nice is not None:
+            return self.engine_nice
+        return _CPU_ENGINE_NICE if device == "cpu" else 0
 
     @property
     def public_host(self) -> str:

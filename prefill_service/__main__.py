@@ -64,6 +64,7 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
             tracing=runtime.tracing,
             metrics=runtime.metrics,
             admission=Admission(config.admission.limits(engine.scheduler.config)),
+            engine_nice=config.server.engine_nice_on(engine.info.device),
         )
         publisher.start()
         worker.start()

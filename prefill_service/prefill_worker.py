@@ -83,9 +83,11 @@ class PrefillWorker:
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
         admission: Admission | None = None,
+        engine_nice: int = 0,
     ) -> None:
         """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own;
-        `admission` limits the calls waiting for their first token (default: no limit)."""
+        `admission` limits the calls waiting for their first token (default: no limit); `engine_nice`: the engine
+        thread's added niceness (AsyncEngine)."""
         self.info = engine.info
         self._lease_s = lease_s
         self._sender = sender
@@ -95,7 +97,7 @@ class PrefillWorker:
         self._metrics = metrics or ServiceMetrics("prefill")
         self._chunk_spans = ChunkSpans(self._tracing.tracer)
         self._load = read_load(engine)
-        self._async_engine = AsyncEngine(engine, on_step=self._on_step, on_update=self._on_update)
+        self._async_engine = AsyncEngine(engine, on_step=self._on_step, on_update=self._on_update, nice=engine_nice)
         self._checks = PrefillChecks(engine, sender, backend)
         self._transfer_ends = TransferEnds(sender, backend, self._metrics, self._async_engine)
         sender.on_finished = self._transfer_ends.on_transfer_finished
