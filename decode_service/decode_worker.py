@@ -71,8 +71,7 @@ class DecodeWorker:
         admission: Admission | None = None,
         engine_nice: int = 0,
     ) -> None:
-        """`admission` limits the reservations not yet decoding (default: no limit); `engine_nice`: the engine thread's
-        added niceness (AsyncEngine)."""
+        """`admission` limits the reservations not yet decoding (default: no limit); `engine_nice`: AsyncEngine's."""
         self.info = engine.info
         self._receiver = receiver
         self._backend = backend
@@ -82,9 +81,7 @@ class DecodeWorker:
         self._metrics = metrics or ServiceMetrics("decode")
         self._load = read_load(engine)
         receiver.on_released = self._on_released
-        self._async_engine = AsyncEngine(
-            engine, on_step=_drop_cache_events, on_update=self._on_update, nice=engine_nice
-        )
+        self._async_engine = AsyncEngine(engine, _drop_cache_events, self._on_update, engine_nice)
         self._pending: set[str] = set()  # reserved, neither claimed nor ended yet
         self._request_ids: dict[str, str] = {}  # of pending transfers, for logs
         self._admission = admission or Admission(AdmissionLimits())

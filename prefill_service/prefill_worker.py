@@ -86,8 +86,7 @@ class PrefillWorker:
         engine_nice: int = 0,
     ) -> None:
         """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own;
-        `admission` limits the calls waiting for their first token (default: no limit); `engine_nice`: the engine
-        thread's added niceness (AsyncEngine)."""
+        `admission` limits the calls waiting for their first token (default: no limit); `engine_nice`: AsyncEngine's."""
         self.info = engine.info
         self._lease_s = lease_s
         self._sender = sender
