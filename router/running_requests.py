@@ -2,9 +2,14 @@
 
 1. `RequestLifecycle.generate` registers the task consuming a request's stream (`running`) for as long as the
    stream is open; a caller may reuse a request id, so an id maps to every task running under it.
-2. `abort(request_id)` cancels those tasks: the consumer (the gRPC handler, or the HTTP response) sees
-   CancelledError where it waits, closes the stream, and with it every pod call and the request's KV.
-3. When a stream ends, however it ends, its id joins the last `max_finished` finished ids, so an abort that
+2. `abort(request_id)` cancels those tasks (once each: a second Abort of a task already cancelled by one does not
+   cancel it again): the consumer (the gRPC handler, or the HTTP response) sees CancelledError where it waits,
+   closes the stream, and with it every pod call and the request's KV.
+3. The consumer then ends its call with a status or an error event of its own (CANCELLED; `RequestAbortedError` on
+   gRPC), never by letting the CancelledError escape: grpc.aio takes a handler that ends in CancelledError for one
+   whose client went away and sends no status at all, so the client would wait for its deadline. `absorb_abort`
+   tells an Abort's cancellation from the others (the client went away, the server is stopping).
+4. When a stream ends, however it ends, its id joins the last `max_finished` finished ids, so an abort that
    comes late answers ALREADY_FINISHED rather than NOT_FOUND.
 """
 
@@ -12,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from common.errors import PdserveError
 
 
 class AbortResult(enum.Enum):
@@ -23,12 +31,19 @@ class AbortResult(enum.Enum):
     NOT_FOUND = "not_found"
 
 
+class RequestAbortedError(PdserveError):
+    """The request was aborted by `Abort` while its stream was open."""
+
+    status = "CANCELLED"
+
+
 class RunningRequests:
     """Request id -> the tasks running it; see the module docstring."""
 
     def __init__(self, max_finished: int = 4096) -> None:
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
+        self._aborted: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         self._max_finished = max_finished
 
     def __len__(self) -> int:
@@ -59,8 +74,22 @@ class RunningRequests:
         tasks = self._running.get(request_id)
         if tasks:
             for task in tasks:
-                task.cancel()
+                if task not in self._aborted:
+                    self._aborted.add(task)
+                    task.cancel()
             return AbortResult.ABORTED, len(tasks)
         if request_id in self._finished:
             return AbortResult.ALREADY_FINISHED, 0
         return AbortResult.NOT_FOUND, 0
+
+    def absorb_abort(self) -> bool:
+        """In an `except CancelledError` of a task that ran a request: True (and the cancellation undone) when it came
+        from `abort` alone; False when the task was not aborted, or was cancelled for another reason too."""
+        task = asyncio.current_task()
+        if task is None or task not in self._aborted:
+            return False
+        self._aborted.discard(task)
+        if task.cancelling() > 1:
+            return False
+        task.uncancel()
+        return True

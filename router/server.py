@@ -6,9 +6,9 @@ into statuses with google.rpc details by common.grpc_errors.ErrorInterceptor.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc.aio
@@ -22,7 +22,7 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle
-from router.running_requests import AbortResult
+from router.running_requests import AbortResult, RequestAbortedError
 from router.server_status import ServerStatus
 from router.tokenizer_pool import ChatMessage
 
@@ -41,14 +41,22 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self._metrics = metrics or ServiceMetrics("router")
         self._status = status or ServerStatus(list, tokenizer_pool_size=0)
 
-    async def Generate(
+    # NOTE: a coroutine writing its responses (grpc.aio's reader-writer API), not an async generator as the generated
+    # base class types it: an Abort cancels this task wherever it waits, writes included, and only a frame that
+    # awaits the writes itself can turn that cancellation into the call's status (router.running_requests).
+    async def Generate(  # type: ignore[override]
         self, request: generation_pb2.GenerateRequest, context: Context
-    ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+    ) -> None:
+        """Streams the call's responses; an Abort of its request_id ends it with CANCELLED."""
         try:
             call = _generate_input(request, client_id(context.invocation_metadata() or (), context.peer()))
             async with contextlib.aclosing(self._lifecycle.generate(call, context.time_remaining())) as chunks:
                 async for chunk in chunks:
-                    yield _response(call.request_id, chunk)
+                    await context.write(_response(call.request_id, chunk))
+        except asyncio.CancelledError:
+            if not self._lifecycle.running.absorb_abort():
+                raise
+            raise RequestAbortedError(f"request {request.request_id!r} was aborted") from None
         except Exception as exc:
             self._metrics.count_router_rejection(to_status(exc).code.name)
             raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+import grpc.aio
 import pytest
 from transformers import PreTrainedTokenizerBase
 
@@ -152,6 +154,33 @@ async def test_client_cancellation_cancels_prefill_and_decode(
     # NOTE: Released although Decode claimed it (a no-op on a real pod): the router cannot tell whether its cancelled
     # Decode call reached the pod, and an unclaimed reservation would hold its blocks until the claim window lapses.
     assert decode.releases == ["decode-0-t1"]
+
+
+async def test_abort_ends_the_stream_with_cancelled_and_cancels_prefill_and_decode(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    never = asyncio.Event()
+    prefill = FakePrefill(first_token_id=output_ids[0], transfer_gate=never)
+    decode = FakeDecode("decode-0", decode_steps(output_ids[1:] * 5), step_delay_s=0.05)
+    async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
+        call = router.stub.Generate(generate_request(max_tokens=200))
+        await call.read()
+        await call.read()
+        answer = await router.stub.Abort(generation_pb2.AbortRequest(request_id="req-1"))
+        assert (answer.result, answer.num_aborted) == (generation_pb2.ABORT_RESULT_ABORTED, 1)
+        # NOTE: bounded: an aborted call that gets no status would otherwise wait here for ever.
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(collect(call), WAIT_S)
+        await asyncio.wait_for(decode.cancelled.wait(), WAIT_S)
+        await asyncio.wait_for(prefill.cancelled.wait(), WAIT_S)
+        for _ in range(250):
+            if decode.releases:
+                break
+            await asyncio.sleep(0.02)
+        again = await router.stub.Abort(generation_pb2.AbortRequest(request_id="req-1"))
+    assert (ended.value.code(), ended.value.details()) == (grpc.StatusCode.CANCELLED, "request 'req-1' was aborted")
+    assert decode.releases == ["decode-0-t1"]
+    assert again.result == generation_pb2.ABORT_RESULT_ALREADY_FINISHED
 
 
 async def test_cancellation_before_the_first_token_releases_the_reservation(

@@ -46,7 +46,10 @@ class GenerationServiceStub:
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _grpc.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV.
+    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+    An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
+    after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
+    request ends with code CANCELLED (a 499, or an error event in a stream).
     """
     GetServerInfo: _grpc.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]
     """Describes the deployment: the model's limits and the pods the router routes to."""
@@ -71,7 +74,10 @@ class GenerationServiceAsyncStub(GenerationServiceStub):
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _aio.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]  # type: ignore[assignment]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV.
+    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+    An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
+    after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
+    request ends with code CANCELLED (a 499, or an error event in a stream).
     """
     GetServerInfo: _aio.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]  # type: ignore[assignment]
     """Describes the deployment: the model's limits and the pods the router routes to."""
@@ -117,7 +123,10 @@ class GenerationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_generation_pb2.AbortResponse, _abc.Awaitable[_generation_pb2.AbortResponse]]:
         """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-        Every running request of that id is cancelled, and with it its pod calls and KV.
+        Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+        An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
+        after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
+        request ends with code CANCELLED (a 499, or an error event in a stream).
         """
 
     @_abc_1.abstractmethod
