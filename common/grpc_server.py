@@ -29,6 +29,21 @@ def message_size_options(max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tup
     return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
 
 
+def pending_call_options(max_pending_calls: int) -> list[tuple[str, int]]:
+    """Server options that let gRPC hold up to `max_pending_calls` calls that arrived before the server's event loop
+    took them up, and cancel each call beyond.
+
+    NOTE: grpc.aio takes up one arrived call per turn of its event loop; gRPC core holds the others, and from 1000 of
+    them on (its default) cancels new ones at random, all of them from 3000 on: the client gets CANCELLED, a code it
+    cannot tell from its own cancellation, with no RetryInfo, and the server never sees the call. A burst of a few
+    thousand unary calls on one channel reaches that.
+    """
+    return [
+        ("grpc.server.max_pending_requests", max_pending_calls),
+        ("grpc.server.max_pending_requests_hard_limit", max_pending_calls),
+    ]
+
+
 class HealthState:
     """The health a server reports, for the whole server ("") and each of its services at once.
 

@@ -65,6 +65,12 @@ class RouterConfig:
                      "call's x-client-id metadata value, else its peer address without the port"),
     )  # fmt: skip
     max_retry_s: float = field(default=5.0, metadata=doc("admission: most retry delay a refusal advertises"))
+    max_pending_calls: int = field(
+        default=16384,
+        metadata=doc("calls of a burst that gRPC holds until the router's event loop takes them up; gRPC itself "
+                     "cancels each one beyond (CANCELLED, unseen by admission; gRPC's default: 1000, then cancelling "
+                     "at random up to 3000)"),
+    )  # fmt: skip
     drain_timeout_s: float = field(
         default=30.0,
         metadata=doc("on SIGTERM, how long in-flight calls may finish while health says NOT_SERVING (DRAINING) and "
@@ -94,6 +100,7 @@ class RouterConfig:
         ):  # fmt: skip
             _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         _require(self.max_retry_s > 0, "max_retry_s", f"must be > 0, got {self.max_retry_s}")
+        _require(self.max_pending_calls >= 1, "max_pending_calls", f"must be >= 1, got {self.max_pending_calls}")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
 
 

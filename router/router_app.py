@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.auth import authenticator_for
 from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_port, add_standard_services, message_size_options
+from common.grpc_server import add_port, add_standard_services, message_size_options, pending_call_options
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodRegistry
 from common.prefix_directory import PrefixDirectory
@@ -96,7 +96,7 @@ class RouterApp:
         self._server = grpc.aio.server(
             interceptors=[*security.server_interceptors(), AdmissionInterceptor(context.admission, metrics),
                           *tracing.server_interceptors(), ErrorInterceptor()],
-            options=message_size_options(config.max_message_bytes),
+            options=[*message_size_options(config.max_message_bytes), *pending_call_options(config.max_pending_calls)],
         )  # fmt: skip
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
         """What every front end serves: Generate, Tokenize and the model's info."""

@@ -1,14 +1,23 @@
 """Acceptance 2: 64 concurrent streaming requests with mixed lengths all complete correctly (greedy, equal to
-the offline engine) on 2 prefill and 2 decode pods."""
+the offline engine) on 2 prefill and 2 decode pods. A burst of 4096 Tokenize calls at once on one channel is
+answered in full (gRPC's own limit on calls the router has not taken up yet would cancel hundreds of them)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import grpc.aio
+
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from pdserve.v1 import sampling_pb2
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
+from router.tokenizer_pool import load_tokenizer
 from tests.e2e.support import Oracle, run_concurrently
 
 NUM_REQUESTS = 64
+NUM_BURST_CALLS = 4096
+"""Above gRPC's default hard limit (3000) of calls held before the server takes them up."""
 MAX_TOKENS = (1, 3, 6, 10)
 WORDS = [
     "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
@@ -41,3 +50,29 @@ def test_64_concurrent_streams_equal_the_offline_engine(
     prefill_pods = {c.metrics.prefill_pod_id for c in completions}
     decode_pods = {c.metrics.decode_pod_id for c in completions if c.usage.completion_tokens > 1}
     assert len(prefill_pods) == 2 and len(decode_pods) == 2, (prefill_pods, decode_pods)
+
+
+async def _tokenize_burst(address: str, texts: list[str]) -> list[list[int] | str]:
+    """Every text's Tokenize answer (its token ids, or its status code's name), all called at once on one channel."""
+
+    async def tokenize(stub: generation_pb2_grpc.GenerationServiceAsyncStub, text: str) -> list[int] | str:
+        try:
+            response = await stub.Tokenize(generation_pb2.TokenizeRequest(text=text), timeout=120)
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+        return list(response.token_ids)
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        return await asyncio.gather(*(tokenize(stub, text) for text in texts))
+
+
+def test_a_burst_of_tokenize_calls_on_one_channel_is_answered_in_full(
+    cluster: LocalCluster, smollm2_path: Path
+) -> None:
+    texts = [f"Burst call {i}: " + " ".join(WORDS[: i % len(WORDS)]) for i in range(NUM_BURST_CALLS)]
+    tokenizer = load_tokenizer(smollm2_path)
+    answers = asyncio.run(_tokenize_burst(cluster.router_address, texts))
+    failures = [answer for answer in answers if isinstance(answer, str)]
+    assert failures == []
+    assert answers == [tokenizer.encode(text) for text in texts]
