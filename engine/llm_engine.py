@@ -114,19 +114,7 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""
-        if not prompt_token_ids:
-            raise InvalidArgumentError("prompt", "must not be empty")
-        vocab = self.info.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidArgumentError("prompt_token_ids", f"token id {bad} outside the vocabulary [0, {vocab})")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.info.max_model_len:
-            raise InvalidArgumentError(
-                "max_tokens",
-                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{total} exceeds max_model_len {self.info.max_model_len}",
-            )
+        self.info.validate(prompt_token_ids, params)
 
     def add_request(
         self,

@@ -3,10 +3,10 @@
 Two threads call it, under one lock, so that the chunks of a transfer never interleave and the last one is last:
 - the engine thread after every step (`ship_ready`): the request's newly computed full blocks, then, once the
   whole prompt is computed, the rest (the last, maybe partial, block) as the last chunk;
-- the event loop's keepalive task (`keep_alive`): an empty chunk for a request that has sent nothing for a third
-  of its reservation's lease (queued behind other prefills, or inside one long engine step), which renews the
-  decode pod's reservation (and this sender's lease, through its ack). A shipment is added when its call arrives
-  (`add`), so keepalives run while it waits for the engine; blocks ship once the engine has it (`admitted`).
+- the core's keepalive thread (`keep_alive`): an empty chunk for a request that has sent nothing for a third of its
+  reservation's lease (queued behind other prefills, or inside one long engine step), which renews the decode
+  pod's reservation (and this sender's lease, through its ack). A shipment is added with its request (`add`), so
+  keepalives run while it waits in the engine's queue.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ class Shipment:
     keepalive_s: float
     last_sent_at: float
     num_sent_blocks: int = 0
-    in_engine: bool = False
-    """Whether the engine has the request; before, the shipment only sends keepalives."""
 
 
 class KVShipper:
@@ -53,16 +51,9 @@ class KVShipper:
         self._shipments: dict[str, Shipment] = {}
 
     def add(self, transfer_id: str, shipment: Shipment) -> None:
-        """Event loop, when the call arrives: keepalives start now."""
+        """Engine thread, with the request: keepalives start now, blocks ship from the next step on."""
         with self._lock:
             self._shipments[transfer_id] = shipment
-
-    def admitted(self, transfer_id: str) -> None:
-        """Engine thread, in the command that adds the request: its blocks ship from the next step on."""
-        with self._lock:
-            shipment = self._shipments.get(transfer_id)
-            if shipment is not None:
-                shipment.in_engine = True
 
     def forget(self, transfer_id: str, endpoint: str | None) -> None:
         """Ship nothing more for the request; with `endpoint`, abort its transfer (a no-op if it already ended),
@@ -77,8 +68,6 @@ class KVShipper:
         """Engine thread, after a step: ship every request's newly computed blocks; forget requests that are gone."""
         with self._lock:
             for transfer_id, shipment in list(self._shipments.items()):
-                if not shipment.in_engine:
-                    continue
                 progress = engine.kv_progress(transfer_id)
                 if progress is None:
                     del self._shipments[transfer_id]
