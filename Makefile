@@ -22,11 +22,8 @@ lint: $(SETUP_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# NOTE: PATH puts the venv first so protoc finds the protoc-gen-mypy plugins installed there.
 protos: $(SETUP_STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
-		--python_out=protos --grpc_python_out=protos --mypy_out=protos --mypy_grpc_out=protos \
-		protos/pdserve/v1/*.proto
+	PYTHON=$(BIN)/python bash scripts/gen_protos.sh
 
 # A real compose run with podman, as root: base images from Debian packages, the image, up, generate, scale decode
 # to 2 and back, down (scripts/compose_e2e.sh; docs/deploy.md). Needs no registry but Debian's and PyPI.

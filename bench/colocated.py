@@ -1,81 +1,99 @@
-"""The colocated baseline: this project's engine in the benchmark's own process, no disaggregation.
+"""The colocated baseline: this project's engine without disaggregation, in an engine core process of its own.
 
-One `LLMEngine` runs on its engine thread (`AsyncEngine`, as inside a pod); the benchmark's event loop submits
-requests on the same schedules it uses against the router and stamps each output as it reaches the loop, as a
-client of the router would. Prefill and decode share the engine's batches (chunked prefill), which is what
-disaggregation is compared against.
+`ColocatedTarget.open(...)` starts a colocated engine core (`engine.core`, as inside a pod, with no KV transfer end)
+configured by the pods' engine flags; the benchmark's event loop submits requests on the same schedules it uses
+against the router and stamps each output as it reaches the loop, as a client of the router would. Prefill and
+decode share the engine's batches (chunked prefill), which is what disaggregation is compared against. Closing it
+ends the process, so the GPU memory is free for the cluster's pods that start next.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import logging
+import asyncio
 import time
-from collections.abc import Sequence
-
-import torch
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 from bench.load_driver import RequestRecord
 from bench.stats import RequestTiming
 from bench.workloads import RequestSpec
 from common.config import add_config_args
+from common.errors import PdserveError
 from common.sampling_params import SamplingParams
-from engine.async_engine import AsyncEngine
-from engine.config import ENGINE_FLAG_PARTS, engine_config_from_args
-from engine.llm_engine import LLMEngine
+from engine.config import ENGINE_FLAG_PARTS, EngineConfig, engine_config_from_args
+from engine.core.client import EngineCoreClient
+from engine.core.commands import AbortRequest, AddRequest
+from engine.core.outputs import CoreOutputs
+from engine.core.process import CoreSpec
+from engine.runtime_info import RuntimeInfo
+from engine.scheduler_output import EngineOutput
 
-logger = logging.getLogger(__name__)
 
-
-def _engine(model: str, load_format: str, engine_flags: Sequence[str]) -> LLMEngine:
+def engine_config(model: str, load_format: str, engine_flags: Sequence[str]) -> EngineConfig:
+    """The engine flags among `engine_flags` (the pods' flags; others, such as --heartbeat-s, are skipped)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for cls in ENGINE_FLAG_PARTS:
         add_config_args(parser, cls)
     args, _ = parser.parse_known_args(list(engine_flags))
     args.model, args.load_format = model, load_format
-    return LLMEngine(engine_config_from_args(args))
+    return engine_config_from_args(args)
 
 
 class ColocatedTarget:
-    """Streams requests through an in-process engine thread; `close()` stops it and frees its GPU memory.
+    """Streams requests through a colocated engine core; see the module docstring."""
 
-    The engine is configured by the engine flags among `engine_flags` (the pods' flags; others, such as
-    --heartbeat-s, are skipped), so that it runs with the very settings the pods run with.
-    """
+    def __init__(self, client: EngineCoreClient, info: RuntimeInfo) -> None:
+        self.info = info
+        self._client = client
+        self._streams: dict[str, asyncio.Queue[EngineOutput | PdserveError]] = {}
+        client.attach(self._on_outputs, self._on_dead)
 
-    def __init__(self, model: str, load_format: str, engine_flags: Sequence[str]) -> None:
-        engine = _engine(model, load_format, engine_flags)
-        self.info = engine.info
-        self._engine: AsyncEngine | None = AsyncEngine(engine)
-        self._engine.start()
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, model: str, load_format: str, engine_flags: Sequence[str]) -> AsyncIterator[ColocatedTarget]:
+        """The engine runs with the very settings the pods run with; its process ends on exit."""
+        client = EngineCoreClient(CoreSpec("colocated", engine_config(model, load_format, engine_flags)))
+        try:
+            ready = await client.start()
+            yield cls(client, ready.info)
+        finally:
+            await client.close()
 
     async def generate(self, spec: RequestSpec, request_id: str) -> RequestRecord:
-        if self._engine is None:
-            raise RuntimeError("the colocated engine is closed")
         params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
         prompt = list(spec.prompt_token_ids)
         record = RequestRecord(RequestTiming(time.monotonic()), num_prompt_tokens=len(prompt))
-
-        def add(engine: LLMEngine) -> None:
-            engine.add_request(request_id, prompt, params)
-
+        stream = self._streams[request_id] = asyncio.Queue()
+        finished = False
         try:
-            async for output in self._engine.generate(request_id, add):
+            self._client.send(AddRequest(request_id, prompt, params))
+            while not finished:
+                output = await stream.get()
+                if isinstance(output, PdserveError):
+                    raise output
                 now = time.monotonic()
                 record.timing.token_times.extend(now for _ in output.new_token_ids)
                 record.num_cached_tokens = output.num_cached_tokens
-        except Exception as exc:
+                finished = output.finish_reason is not None
+        except PdserveError as exc:
             record.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            del self._streams[request_id]
+            if not finished and not self._client.failed:
+                self._client.send(AbortRequest(request_id))
         return record
 
-    def close(self) -> None:
-        """Stop the engine thread and drop the engine, so that cluster pods started next get its GPU memory."""
-        if self._engine is None:
-            return
-        self._engine.stop()
-        self._engine = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-            logger.info("colocated engine freed: %.2f GiB still allocated", torch.cuda.memory_allocated() / 2**30)
+    def _on_outputs(self, out: CoreOutputs) -> None:
+        for failure in out.failures:
+            stream = self._streams.get(failure.req_id)
+            if stream is not None:
+                stream.put_nowait(failure.error.to_error())
+        for output in out.outputs:
+            stream = self._streams.get(output.req_id)
+            if stream is not None:
+                stream.put_nowait(output)
+
+    def _on_dead(self, error: PdserveError) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(error)

@@ -36,16 +36,15 @@ def router_target(args: argparse.Namespace, address: str) -> RouterTarget:
 def with_colocated(
     args: argparse.Namespace, model: ModelChoice, body: Callable[[ColocatedTarget], Coroutine[Any, Any, T]]
 ) -> T:
-    """Run `body(target)` against this project's engine in this process, then free the engine (GPU memory
-    included) before anything else starts."""
-    # NOTE: imported here: the workloads without a colocated phase never load torch in this process.
+    """Run `body(target)` against this project's engine in a colocated engine core process, which ends (its GPU
+    memory freed) before anything else starts."""
     from bench.colocated import ColocatedTarget
 
-    target = ColocatedTarget(model.model, model.load_format, colocated_flags(args, model))
-    try:
-        return asyncio.run(body(target))
-    finally:
-        target.close()
+    async def run() -> T:
+        async with ColocatedTarget.open(model.model, model.load_format, colocated_flags(args, model)) as target:
+            return await body(target)
+
+    return asyncio.run(run())
 
 
 def sender(generate: Generate, specs: list[RequestSpec], id_prefix: str) -> Send:

@@ -25,6 +25,7 @@ from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.outputs import FirstToken, TransferDone
 from router.pod_client import PodClient
+from router.pod_errors import PodCallFailed
 
 # NOTE: a connection of the channel's own (not gRPC's process-wide subchannel pool), so that each client process
 # reaches the router over its own TCP connection, as separate clients would.
@@ -94,10 +95,10 @@ class RouterTarget:
 
 
 class PodDirectTarget:
-    """The router's pod calls made by the client itself: Reserve on a decode pod, Prefill with that KV target
-    on a prefill pod, then Decode, while the rest of the Prefill stream (the KV transfer's end) is read beside
-    it. Pods are taken round robin. No tokenizing, routing, detokenizing or extra hop: the baseline that the
-    router's overhead is measured against."""
+    """The router's pod calls made by the client itself: Reserve on a decode pod, Prefill with that KV target on a
+    prefill pod, then decoding on the decode pod's DecodeStream (one per client process), while the rest of the
+    Prefill stream (the KV transfer's end) is read beside it. Pods are taken round robin. No tokenizing, routing,
+    detokenizing or extra hop: the baseline that the router's overhead is measured against."""
 
     def __init__(
         self, prefill_addresses: Sequence[str], decode_addresses: Sequence[str], timeout_s: float | None
@@ -121,7 +122,7 @@ class PodDirectTarget:
         record = RequestRecord(RequestTiming(time.monotonic()), num_prompt_tokens=len(spec.prompt_token_ids))
         try:
             await self._stream(prefill, decode, spec, request_id, record)
-        except (grpc.aio.AioRpcError, PdserveError, RuntimeError, StopAsyncIteration) as exc:
+        except (grpc.aio.AioRpcError, PdserveError, PodCallFailed, RuntimeError, StopAsyncIteration) as exc:
             record.error = _failure(exc)
         return record
 
@@ -143,9 +144,7 @@ class PodDirectTarget:
                 return
             transfer = asyncio.create_task(_transfer_done(stream))
             try:
-                steps = decode.decode(
-                    request_id, reservation.transfer_id, prompt, first.token_id, params, None, timeout
-                )
+                steps = decode.decode(request_id, reservation.transfer_id, prompt, first.token_id, params, None)
                 async for step in steps:
                     now = time.monotonic()
                     record.timing.token_times.extend(now for _ in step.token_ids)

@@ -47,7 +47,7 @@ def add_up_parser(commands: Commands) -> None:
                     "(default: 8000)")  # fmt: skip
     up.add_argument("--redis-url", help="use this Redis instead of starting a throwaway redis-server")
     up.add_argument("--model", default=DEFAULT_MODEL, help=f"model of every pod (default: {DEFAULT_MODEL})")
-    up.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc, nccl or in_process (default: tcp)")
+    up.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc or nccl (default: tcp)")
     up.add_argument("--registry-refresh-s", type=float, default=1.0, help="router's pod discovery period")
     up.add_argument("--log-dir", type=Path, help="folder of the processes' logs (default: a new temp folder)")
     up.add_argument("--startup-timeout-s", type=float, default=600.0, help="give up if not serving by then")

@@ -48,3 +48,13 @@ class UnavailableError(PdserveError):
     def __init__(self, message: str = "", retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class RemoteError(PdserveError):
+    """An error another service answered with, passed on to the caller as it came: `code` is its google.rpc.Code
+    name, `rich_status` the serialized google.rpc.Status with its details (b"" when it had none)."""
+
+    def __init__(self, code: str, message: str, rich_status: bytes = b"") -> None:
+        super().__init__(message)
+        self.code = code
+        self.rich_status = rich_status

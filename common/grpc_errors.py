@@ -7,7 +7,8 @@ Servicers raise; `ErrorInterceptor` (or `abort_with`, for code that catches) rep
 - any other `PdserveError` -> the status its class names (e.g. a KV `TransferError` -> ABORTED, NOT_FOUND or
   FAILED_PRECONDITION), its message as the details;
 - any `PdserveError` with a `retry_after_s` also carries it as a `google.rpc.RetryInfo`, rounded to milliseconds;
-- `grpc.aio.AioRpcError` (a call to another pod failed) -> its status and details, passed through;
+- `RemoteError` (another service's answer, e.g. a pod's) and `grpc.aio.AioRpcError` (a call to another pod failed)
+  -> its status and details, passed through;
 - anything else -> INTERNAL, logged with its traceback.
 Clients read the field violations back with `bad_request_fields`, a retry delay with `retry_delay_s`.
 """
@@ -17,16 +18,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
-from google.protobuf import duration_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
+from common.errors import InvalidArgumentError, PdserveError, RemoteError, ResourceExhaustedError, UnavailableError
 from common.grpc_handlers import HandlerInterceptor, with_behavior
 from common.request_parsing import UnparsedRequest, tolerant_deserializer
 from pdserve.v1 import sampling_pb2
@@ -54,6 +55,19 @@ def to_status(
     """The status (with rich details in its trailing metadata) that reports `exc` to the caller."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return _passed_through(exc)
+    return rpc_status.to_status(rich_status(exc, field_paths, retry_delay_s))
+
+
+def rich_status(
+    exc: Exception,
+    field_paths: Mapping[str, str] = FIELD_PATHS,
+    retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+) -> status_pb2.Status:
+    """The google.rpc.Status that reports `exc` (see the module docstring), e.g. inside a stream's message."""
+    if isinstance(exc, RemoteError):
+        if exc.rich_status:
+            return status_pb2.Status.FromString(exc.rich_status)
+        return status_pb2.Status(code=code_pb2.Code.Value(exc.code), message=str(exc))
     if isinstance(exc, InvalidArgumentError):
         field = field_paths.get(exc.field, exc.field)
         violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=exc.description)
@@ -82,19 +96,19 @@ async def abort_with(
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def bad_request_fields(rpc_error: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
+def bad_request_fields(error: grpc.aio.AioRpcError | status_pb2.Status) -> list[tuple[str, str]]:
     """(field path, description) of every google.rpc.BadRequest field violation the error carries."""
     fields: list[tuple[str, str]] = []
-    for detail in _rich_status(rpc_error).details:
+    for detail in _details(error):
         bad_request = error_details_pb2.BadRequest()
         if detail.Unpack(bad_request):
             fields.extend((v.field, v.description) for v in bad_request.field_violations)
     return fields
 
 
-def retry_delay_s(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> float | None:
+def retry_delay_s(error: grpc.aio.AioRpcError | grpc.Call | status_pb2.Status) -> float | None:
     """The google.rpc.RetryInfo delay (seconds) the error carries; None when it carries none."""
-    for detail in _rich_status(rpc_error).details:
+    for detail in _details(error):
         retry_info = error_details_pb2.RetryInfo()
         if detail.Unpack(retry_info):
             return retry_info.retry_delay.ToNanoseconds() / 1e9
@@ -105,10 +119,10 @@ _Behavior = Callable[..., Any]
 
 
 class ErrorInterceptor(HandlerInterceptor):
-    """Server interceptor that reports whatever an async unary or server-streaming handler raises
-    through `abort_with`, so servicers simply raise. A request message that does not parse reaches no
-    handler: it is reported as INVALID_ARGUMENT (`common.request_parsing`). Sync and client-streaming
-    handlers pass through untouched."""
+    """Server interceptor that reports whatever an async unary, server-streaming or bidirectional-streaming handler
+    raises through `abort_with`, so servicers simply raise. A unary request message that does not parse reaches no
+    handler: it is reported as INVALID_ARGUMENT (`common.request_parsing`); a bidirectional handler gets such a
+    message as an `UnparsedRequest` to report. Sync and client-streaming handlers pass through untouched."""
 
     def __init__(
         self, field_paths: Mapping[str, str] = FIELD_PATHS, retry_delay_s: float = DEFAULT_RETRY_DELAY_S
@@ -119,8 +133,11 @@ class ErrorInterceptor(HandlerInterceptor):
     def intercept_handler(
         self, handler: grpc.RpcMethodHandler[Any, Any], handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any]:
+        deserializer = tolerant_deserializer(handler.request_deserializer)
         if handler.request_streaming:
-            return handler
+            if not (handler.response_streaming and inspect.isasyncgenfunction(handler.stream_stream)):
+                return handler
+            return with_behavior(handler, self._wrap_async_gen(handler.stream_stream, parse=False), deserializer)
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
         if inspect.isasyncgenfunction(behavior):
             wrapped = self._wrap_async_gen(behavior)
@@ -128,7 +145,7 @@ class ErrorInterceptor(HandlerInterceptor):
             wrapped = self._wrap_coroutine(behavior)
         else:
             return handler
-        return with_behavior(handler, wrapped, tolerant_deserializer(handler.request_deserializer))
+        return with_behavior(handler, wrapped, deserializer)
 
     def _wrap_coroutine(self, behavior: _Behavior) -> _Behavior:
         """Wraps a coroutine handler: a unary one, or a streaming one that writes with context.write."""
@@ -145,12 +162,14 @@ class ErrorInterceptor(HandlerInterceptor):
 
         return wrapped
 
-    def _wrap_async_gen(self, behavior: _Behavior) -> _Behavior:
+    def _wrap_async_gen(self, behavior: _Behavior, parse: bool = True) -> _Behavior:
         """Wraps an async-generator handler as a coroutine that writes each response with context.write, so that a
-        cancelled call closes the handler at once, in its own task (see ServerTracingInterceptor._wrap_async_gen)."""
+        cancelled call closes the handler at once, in its own task (see ServerTracingInterceptor._wrap_async_gen).
+        `parse`: the request is one message, reported here if it does not parse (a request stream is the
+        handler's to read)."""
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            if isinstance(request, UnparsedRequest):
+            if parse and isinstance(request, UnparsedRequest):
                 await _abort_unparsed(context, request)
             try:
                 async with contextlib.aclosing(behavior(request, context)) as responses:
@@ -178,18 +197,28 @@ def _retry_info(retry_after_s: float | None) -> error_details_pb2.RetryInfo | No
     return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
-def _rich(code: int, message: str, detail: Any) -> grpc.Status:
+def _rich(code: int, message: str, detail: Any) -> status_pb2.Status:
     status = status_pb2.Status(code=code, message=message)
     if detail is not None:
         status.details.add().Pack(detail)
-    return rpc_status.to_status(status)
+    return status
+
+
+def call_status(rpc_error: grpc.aio.AioRpcError) -> status_pb2.Status:
+    """The google.rpc.Status a failed call ended with: its rich one (with details) when it sent one, else its code
+    and details."""
+    rich = _rich_status(rpc_error)
+    if rich.code == rpc_error.code().value[0]:
+        return rich
+    return status_pb2.Status(code=rpc_error.code().value[0], message=rpc_error.details() or "")
 
 
 def _passed_through(rpc_error: grpc.aio.AioRpcError) -> grpc.Status:
-    rich = _rich_status(rpc_error)
-    if rich.code == rpc_error.code().value[0]:
-        return rpc_status.to_status(rich)
-    return rpc_status.to_status(status_pb2.Status(code=rpc_error.code().value[0], message=rpc_error.details() or ""))
+    return rpc_status.to_status(call_status(rpc_error))
+
+
+def _details(error: grpc.aio.AioRpcError | grpc.Call | status_pb2.Status) -> Sequence[any_pb2.Any]:
+    return (error if isinstance(error, status_pb2.Status) else _rich_status(error)).details
 
 
 def _rich_status(rpc_error: grpc.aio.AioRpcError | grpc.Call) -> status_pb2.Status:

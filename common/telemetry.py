@@ -28,12 +28,14 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from common.grpc_tracing import ClientSpans, ServerTracingInterceptor, UnaryStreamTracing, UnaryUnaryTracing
 from common.telemetry_config import OtlpTarget, Role, TelemetryConfig, otlp_target
 
 logger = logging.getLogger(__name__)
+_PROPAGATOR = TraceContextTextMapPropagator()
 
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
@@ -126,6 +128,18 @@ def setup_tracing(
     provider.add_span_processor(BatchSpanProcessor(_exporter(target)))
     logger.info("tracing: spans of %s go to %s over OTLP %s", resource[SERVICE_NAME], target.endpoint, target.protocol)
     return Tracing(provider.get_tracer("pdserve"), provider)
+
+
+def context_carrier() -> dict[str, str]:
+    """The current trace context as W3C headers (traceparent, tracestate), to send inside a message."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier
+
+
+def context_from_carrier(carrier: Mapping[str, str]) -> otel_context.Context:
+    """The trace context that `context_carrier` sent (an empty one when it carries none)."""
+    return _PROPAGATOR.extract(dict(carrier))
 
 
 def capture_context() -> otel_context.Context:

@@ -22,11 +22,11 @@ from kv_transfer.config import BACKENDS, check_backend
 from pod.admission import AdmissionLimits
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
+POD_BACKENDS = tuple(backend for backend in BACKENDS if backend != "in_process")
+"""The KV transfer backends between pods (in_process only joins a sender and a receiver of one process)."""
 _QUEUED_BATCHES = 4
 _MIN_WAITING = 256
 _QUEUED_STEPS = 8
-_MAX_NICE = 19
-_CPU_ENGINE_NICE = 10
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -46,26 +46,11 @@ class PodServerConfig:
         default=None, metadata=doc("host other services dial; default: --host (the hostname for 0.0.0.0)")
     )
     drain_timeout_s: float = field(default=30.0, metadata=doc("on SIGTERM, how long in-flight requests may finish"))
-    engine_nice: int | None = field(
-        default=None,
-        metadata=doc("niceness added to the engine's step thread (Linux; 0-19: its steps yield the CPU to the pod's "
-                     "gRPC and KV threads and to other processes); default: 10 on a CPU engine, 0 on a GPU"),
-    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host", "must not be empty")
         _check_port("port", self.port)
         _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
-        nice = self.engine_nice
-        _require(nice is None or 0 <= nice <= _MAX_NICE, "engine_nice", f"must be in [0, {_MAX_NICE}], got {nice}")
-
-    def engine_nice_on(self, device: str) -> int:
-        """--engine-nice, else its default for an engine on `device`. A CPU engine's steps are matrix work on the
-        cores that the pod's gRPC threads (and, in a local cluster, the router) need to answer at once: refusals,
-        aborts, heartbeats. A GPU engine's step thread mostly launches kernels, and any delay to it is the step's."""
-        if self.engine_nice is not None:
-            return self.engine_nice
-        return _CPU_ENGINE_NICE if device == "cpu" else 0
 
     @property
     def public_host(self) -> str:
@@ -93,7 +78,9 @@ class RegistryConfig:
 
 @dataclass(frozen=True, slots=True)
 class PodTransferConfig:
-    kv_transfer_backend: str = field(default="tcp", metadata=doc(f"how KV blocks move prefill -> decode: {BACKENDS}"))
+    kv_transfer_backend: str = field(
+        default="tcp", metadata=doc(f"how KV blocks move prefill -> decode: {POD_BACKENDS}")
+    )
     # NOTE: the lease only bounds how long KV stays stranded when a peer dies (cancels free at once); 30 s
     # leaves room for a prefill queued behind a burst on a loaded CPU host, where 10 s lapsed in tests.
     kv_lease_s: float = field(
@@ -107,6 +94,11 @@ class PodTransferConfig:
 
     def __post_init__(self) -> None:
         check_backend(self.kv_transfer_backend)
+        _require(
+            self.kv_transfer_backend != "in_process",
+            "kv_transfer_backend",
+            "in_process moves KV within one process; pods run their engines in processes of their own (use tcp)",
+        )
         _require(self.kv_lease_s > 0, "kv_lease_s", f"must be > 0, got {self.kv_lease_s}")
         _require(self.kv_connect_timeout_s > 0, "kv_connect_timeout_s", f"must be > 0, got {self.kv_connect_timeout_s}")
 

@@ -1,30 +1,19 @@
-"""What the pod runtime needs of a pod's core worker (prefill or decode), and the load both report.
+"""What the pod runtime needs of a pod's front (prefill or decode), and how a front reports its engine's load.
 
-The registry heartbeat reads `PodWorker.load()` (a snapshot taken on the engine thread after every step or
-command), so a long engine step never delays a heartbeat.
+A front learns its engine's load from every turn of the engine core (`engine.core.outputs.EngineLoad`); the registry
+heartbeat reads that snapshot (`PodFront.load()`), so a long engine step never delays a heartbeat.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from common.metrics import ServiceMetrics
-from engine.llm_engine import LLMEngine
+from engine.core.outputs import EngineLoad
 
 
-@dataclass(slots=True, frozen=True)
-class PodLoad:
-    """What the registry heartbeat reports of the engine (read on the engine thread, after every step or command)."""
-
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_total_blocks: int
-
-
-class PodWorker(Protocol):
-    """What the runtime needs of a pod's core worker."""
+class PodFront(Protocol):
+    """What the runtime needs of a pod's front."""
 
     @property
     def num_in_flight(self) -> int:
@@ -35,13 +24,13 @@ class PodWorker(Protocol):
         """Refuse new requests (UNAVAILABLE) from now on; in-flight ones go on."""
         ...
 
-    def load(self) -> PodLoad:
-        """The engine's load as of its last step or command; never waits for the engine thread."""
+    def load(self) -> EngineLoad:
+        """The engine's load as of its core's last turn; never waits for the engine."""
         ...
 
     @property
     def engine_failed(self) -> bool:
-        """The engine can run no further step: the pod leaves routing and exits."""
+        """The engine core is dead: the pod leaves routing and exits."""
         ...
 
     @property
@@ -50,29 +39,18 @@ class PodWorker(Protocol):
         ...
 
 
-def read_load(engine: LLMEngine) -> PodLoad:
-    """The engine's load numbers; call on the engine thread (e.g. from AsyncEngine's on_update hook)."""
-    return PodLoad(
-        engine.scheduler.num_running,
-        engine.scheduler.num_waiting,
-        engine.kv_cache_manager.num_free_blocks,
-        engine.info.num_blocks,
-    )
-
-
-def report_engine_state(metrics: ServiceMetrics, engine: LLMEngine) -> PodLoad:
-    """Engine thread: the load numbers, also set as the metrics' engine state (gauges and running totals)."""
-    load = read_load(engine)
+def report_load(metrics: ServiceMetrics, load: EngineLoad) -> None:
+    """The metrics' engine state (gauges and running totals) from a turn's load snapshot."""
     metrics.set_engine_state(
         num_running=load.num_running,
         num_waiting=load.num_waiting,
-        kv_cache_usage=1.0 - load.num_free_blocks / load.num_total_blocks,
-        prefix_cache_queries=engine.kv_cache_manager.stats.queries,
-        prefix_cache_hits=engine.kv_cache_manager.stats.hits,
-        num_preemptions=engine.scheduler.num_preemptions,
+        kv_cache_usage=load.kv_cache_usage,
+        prefix_cache_queries=load.prefix_cache_queries,
+        prefix_cache_hits=load.prefix_cache_hits,
+        num_preemptions=load.num_preemptions,
     )
-    spec = engine.spec_stats
     metrics.set_spec_totals(
-        draft_tokens=spec.draft_tokens, accepted_tokens=spec.accepted_tokens, verify_steps=spec.verify_steps
+        draft_tokens=load.spec_draft_tokens,
+        accepted_tokens=load.spec_accepted_tokens,
+        verify_steps=load.spec_verify_steps,
     )
-    return load

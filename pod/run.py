@@ -1,13 +1,14 @@
 """`run_pod`: the life of a pod process, one skeleton for both roles.
 
 1. The runtime starts the gRPC server with the role's servicer; health says NOT_SERVING.
-2. The engine loads on a worker thread (health checks keep being answered).
-3. The role opens its worker over the engine (`open_worker`: KV sender or receiver, publishers, ...) and hands
-   it to its servicer.
-4. The runtime registers the pod, heartbeats, reports SERVING and prints the serving line.
-5. Once `stopping` is set: drain, then the server stops, the role closes its worker, and telemetry is flushed.
-   If the engine fails first (e.g. a worker process of a tensor-parallel pod died), the pod reports NOT_SERVING,
-   deregisters at once (its in-flight requests have failed and migrate through the router) and exits with 1.
+2. The role opens its front (`open_front`): it starts the engine core process (`engine.core`), which loads the
+   engine and opens the role's KV transfer end beside the pool (health checks keep being answered meanwhile), and
+   hands the front to its servicer.
+3. The runtime registers the pod, heartbeats, reports SERVING and prints the serving line.
+4. Once `stopping` is set: drain, then the server stops, the role closes its front (the engine core shuts down),
+   and telemetry is flushed. If the engine core dies first (its process exited, a step failed, a worker process of
+   a tensor-parallel pod died), the pod reports NOT_SERVING, deregisters at once (its in-flight requests have
+   failed and migrate through the router) and exits with 1.
 """
 
 from __future__ import annotations
@@ -16,32 +17,31 @@ import asyncio
 import contextlib
 import logging
 import sys
-import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 import grpc.aio
 
 from common.pod_registry import PodRole
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from pod.config import PodConfig
+from engine.core.process import CoreSpec
+from pod.config import KVReceiverConfig, PodConfig
+from pod.front import PodFront
 from pod.runtime import PodRuntime
-from pod.worker import PodWorker
 
 logger = logging.getLogger(__name__)
 
 _ENGINE_CHECK_S = 0.2
 
-OpenWorker = Callable[[LLMEngine, PodRuntime], AbstractAsyncContextManager[PodWorker]]
-"""A role's worker over a loaded engine: started and handed to the servicer on entry, closed on exit."""
+OpenFront = Callable[[PodRuntime], AbstractAsyncContextManager[PodFront]]
+"""A role's front over its engine core: started (the engine loaded) and handed to the servicer on entry, closed on
+exit."""
 
 
 async def run_pod(
     role: PodRole,
     config: PodConfig,
     add_servicer: Callable[[grpc.aio.Server], str],
-    open_worker: OpenWorker,
+    open_front: OpenFront,
     stop: asyncio.Event | None = None,
     handle_signals: bool = False,
 ) -> int:
@@ -57,20 +57,19 @@ async def run_pod(
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(runtime.close_telemetry)
         try:
-            engine = await load_engine(config.engine)
-            worker = await stack.enter_async_context(open_worker(engine, runtime))
-            await runtime.go_live(worker)
-            failed = await _serve_until_stopping(runtime, worker)
+            front = await stack.enter_async_context(open_front(runtime))
+            await runtime.go_live(front)
+            failed = await _serve_until_stopping(runtime, front)
             await runtime.drain(0.0 if failed else config.server.drain_timeout_s)
         finally:
             await runtime.stop()
     return 1 if failed else 0
 
 
-async def _serve_until_stopping(runtime: PodRuntime, worker: PodWorker) -> bool:
+async def _serve_until_stopping(runtime: PodRuntime, front: PodFront) -> bool:
     """Wait for `runtime.stopping`; True if the engine failed first."""
     while not runtime.stopping.is_set():
-        if worker.engine_failed:
+        if front.engine_failed:
             logger.error("%s %s: the engine failed; leaving routing and exiting", runtime.role, runtime.pod_id)
             return True
         with contextlib.suppress(TimeoutError):
@@ -78,20 +77,20 @@ async def _serve_until_stopping(runtime: PodRuntime, worker: PodWorker) -> bool:
     return False
 
 
-async def load_engine(config: EngineConfig) -> LLMEngine:
-    """Build the engine on a worker thread (the event loop keeps answering health checks meanwhile)."""
-    logger.info("loading model %s ...", config.model.model)
-    start = time.monotonic()
-    engine = await asyncio.to_thread(LLMEngine, config)
-    logger.info(
-        "model %s loaded in %.1f s: %d KV blocks of %d tokens on %s",
-        config.model.model,
-        time.monotonic() - start,
-        engine.info.num_blocks,
-        engine.info.block_size,
-        engine.info.device,
+def core_spec(role: PodRole, config: PodConfig) -> CoreSpec:
+    """What the role's engine core process needs of the pod's config."""
+    receiver = config.receiver or KVReceiverConfig()
+    return CoreSpec(
+        role=role,
+        engine=config.engine,
+        kv_transfer_backend=config.transfer.kv_transfer_backend,
+        tls=config.tls,
+        kv_lease_s=config.transfer.kv_lease_s,
+        kv_connect_timeout_s=config.transfer.kv_connect_timeout_s,
+        kv_host=config.server.host,
+        kv_port=receiver.kv_port,
+        kv_advertise_host=config.server.public_host,
     )
-    return engine
 
 
 def configure_logging() -> None:

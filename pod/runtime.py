@@ -4,14 +4,14 @@
    first in the server's list) and metrics (`/metrics` served from `start_server` when a port is configured).
 1. `start_server`: bind and start the server (mutual TLS with the cluster CA when `tls` is set: callers need a
    certificate it signed); health says NOT_SERVING while the engine loads.
-2. `go_live(worker)`: register in the pod registry (with the worker's load), heartbeat every `heartbeat_s`,
+2. `go_live(front)`: register in the pod registry (with the front's load), heartbeat every `heartbeat_s`,
    health SERVING, and print the serving line `pdserve <role> serving on <host:port>` to stdout.
-3. `stopping` is set (SIGTERM/SIGINT with `install_signal_handlers`, or by the caller); then `drain`: the worker
+3. `stopping` is set (SIGTERM/SIGINT with `install_signal_handlers`, or by the caller); then `drain`: the front
    refuses new requests, the registry entry says draining and health NOT_SERVING, in-flight requests finish
    (bounded by `drain_timeout_s`), and the entry is removed.
-4. `stop`: the server stops and the registry client closes; `close_telemetry` (after the worker closed) exports
+4. `stop`: the server stops and the registry client closes; `close_telemetry` (after the front closed) exports
    the last spans and stops `/metrics`.
-The heartbeat reads the worker's load snapshot, never waiting for the engine thread: a long step (an unchunked
+The heartbeat reads the front's load snapshot, never waiting for the engine core: a long step (an unchunked
 prefill) must not outlast the registry TTL.
 """
 
@@ -38,7 +38,7 @@ from common.tls import ClusterTLSConfig, internal_server_credentials
 from engine.config import ParallelConfig
 from kv_transfer.control.address import format_endpoint
 from pod.config import PodServerConfig, RegistryConfig
-from pod.worker import PodWorker
+from pod.front import PodFront
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class PodRuntime:
         # NOTE: the entry outlives two missed heartbeats, so one slow beat never drops a live pod.
         self._registry = PodRegistry(registry_config.redis_url, ttl_s=3 * registry_config.heartbeat_s)
         self._health: HealthState | None = None
-        self._worker: PodWorker | None = None
+        self._front: PodFront | None = None
         self._draining = False
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeat_stopped = asyncio.Event()
@@ -117,9 +117,9 @@ class PodRuntime:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
 
-    async def go_live(self, worker: PodWorker) -> None:
-        """Register with the worker's load, start the heartbeat, report SERVING and print the serving line."""
-        self._worker = worker
+    async def go_live(self, front: PodFront) -> None:
+        """Register with the front's load, start the heartbeat, report SERVING and print the serving line."""
+        self._front = front
         await self._beat(quiet=False)
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="pod-heartbeat")
         await self._require_health().set_serving()
@@ -129,12 +129,12 @@ class PodRuntime:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests, announce draining, let in-flight ones finish (bounded), deregister."""
         self._draining = True
-        if self._worker is not None:
-            self._worker.start_draining()
+        if self._front is not None:
+            self._front.start_draining()
         await self._require_health().set_not_serving()
-        if self._worker is not None:
+        if self._front is not None:
             await self._beat(quiet=False)
-            await self._wait_idle(self._worker, timeout_s)
+            await self._wait_idle(self._front, timeout_s)
         await self._stop_heartbeat()
         try:
             await self._registry.deregister(self.pod_id)
@@ -149,7 +149,7 @@ class PodRuntime:
         await self._registry.aclose()
 
     async def close_telemetry(self) -> None:
-        """Export the spans still queued and stop the /metrics endpoint; last, after the worker has closed."""
+        """Export the spans still queued and stop the /metrics endpoint; last, after the front has closed."""
         await self.tracing.aclose()
         self.metrics.close()
 
@@ -160,22 +160,22 @@ class PodRuntime:
         logger.info("%s received: draining %s", signal.Signals(signum).name, self.pod_id)
         self.stopping.set()
 
-    async def _wait_idle(self, worker: PodWorker, timeout_s: float) -> None:
+    async def _wait_idle(self, front: PodFront, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while worker.num_in_flight and time.monotonic() < deadline:
+        while front.num_in_flight and time.monotonic() < deadline:
             await asyncio.sleep(_DRAIN_POLL_S)
-        if worker.num_in_flight:
-            logger.warning("drain timed out after %.1f s with %d requests in flight", timeout_s, worker.num_in_flight)
+        if front.num_in_flight:
+            logger.warning("drain timed out after %.1f s with %d requests in flight", timeout_s, front.num_in_flight)
 
-    def _pod_info(self, worker: PodWorker) -> PodInfo:
-        load = worker.load()
+    def _pod_info(self, front: PodFront) -> PodInfo:
+        load = front.load()
         return PodInfo(
             pod_id=self.pod_id,
             role=self.role,
             address=self.address,
             model=self._model,
             generation=self.generation,
-            kv_endpoint=worker.kv_endpoint,
+            kv_endpoint=front.kv_endpoint,
             draining=self._draining,
             num_running=load.num_running,
             num_waiting=load.num_waiting,
@@ -188,10 +188,10 @@ class PodRuntime:
     async def _beat(self, quiet: bool) -> bool:
         """One heartbeat; False (logged unless `quiet`) if Redis failed. The entry is rewritten whole each time,
         so a beat after an outage (or a Redis restart) registers the pod again."""
-        assert self._worker is not None
+        assert self._front is not None
         try:
-            await self._registry.heartbeat(self._pod_info(self._worker))
-        except Exception as exc:  # Redis down, or the engine thread failed: keep beating, log once per outage.
+            await self._registry.heartbeat(self._pod_info(self._front))
+        except Exception as exc:  # Redis down: keep beating, log once per outage.
             if not quiet:
                 logger.warning("pod heartbeat failing, will keep trying every %.2f s: %s", self._heartbeat_s, exc)
             return False
@@ -212,7 +212,7 @@ class PodRuntime:
     async def _stop_heartbeat(self) -> None:
         """Let the heartbeat finish its beat in progress and end.
 
-        NOTE: never cancelled mid-beat: a beat awaits Redis and the engine thread, and a cancellation there can be
+        NOTE: never cancelled mid-beat: a beat awaits Redis, and a cancellation there can be
         swallowed by a client library (the loop would then beat forever) or leave a half-done call.
         """
         self._heartbeat_stopped.set()

@@ -1,8 +1,9 @@
 """`python -m prefill_service` / `pdserve prefill`: a prefill pod.
 
-Start order (`pod.run.run_pod`): gRPC server up with health NOT_SERVING -> load the engine -> KV sender and
-directory publisher -> register in Redis -> SERVING -> the line `pdserve prefill serving on <host:port>` on stdout.
-SIGTERM/SIGINT: drain, deregister, drop the pod's prefix directory entries, exit 0.
+Start order (`pod.run.run_pod`): gRPC server up with health NOT_SERVING -> the engine core process loads the engine
+and opens the KV sender -> directory publisher -> register in Redis -> SERVING -> the line `pdserve prefill serving
+on <host:port>` on stdout. SIGTERM/SIGINT: drain, deregister, the engine core shuts down, drop the pod's prefix
+directory entries, exit 0.
 """
 
 from __future__ import annotations
@@ -15,18 +16,16 @@ from contextlib import asynccontextmanager
 import grpc.aio
 
 from common.prefix_directory import PrefixDirectory
-from common.tls import kv_client_context
-from engine.llm_engine import LLMEngine
-from kv_transfer.factory import make_pod_sender
+from engine.core.client import EngineCoreClient
 from pdserve.v1 import prefill_pb2_grpc
 from pod.admission import Admission
 from pod.config import PodConfig, parse_pod_config
-from pod.run import configure_logging
+from pod.front import PodFront
+from pod.run import configure_logging, core_spec
 from pod.run import run_pod as run_any_pod
 from pod.runtime import PodRuntime
-from pod.worker import PodWorker
 from prefill_service.directory_publisher import DirectoryPublisher
-from prefill_service.prefill_worker import PrefillWorker
+from prefill_service.prefill_front import PrefillFront
 from prefill_service.server import SERVICE_NAME, PrefillServicer
 
 
@@ -44,38 +43,29 @@ async def run_pod(config: PodConfig, stop: asyncio.Event | None = None, handle_s
         return SERVICE_NAME
 
     @asynccontextmanager
-    async def open_worker(engine: LLMEngine, runtime: PodRuntime) -> AsyncIterator[PodWorker]:
-        transfer = config.transfer
-        # NOTE: a parallel engine gives one view per rank: one sender per rank ships it rank to rank.
-        sender = make_pod_sender(
-            transfer.kv_transfer_backend,
-            engine.kv_pool_views(),
-            lease_s=transfer.kv_lease_s,
-            connect_timeout_s=transfer.kv_connect_timeout_s,
-            ssl_context=kv_client_context(config.tls),
-        )
+    async def open_front(runtime: PodRuntime) -> AsyncIterator[PodFront]:
+        client = EngineCoreClient(core_spec("prefill", config))
         publisher = DirectoryPublisher(PrefixDirectory(config.registry.redis_url), runtime.pod_id, runtime.generation)
-        worker = PrefillWorker(
-            engine,
-            sender,
-            transfer.kv_transfer_backend,
-            transfer.kv_lease_s,
-            on_kv_events=publisher.offer,
-            tracing=runtime.tracing,
-            metrics=runtime.metrics,
-            admission=Admission(config.admission.limits(engine.scheduler.config)),
-            engine_nice=config.server.engine_nice_on(engine.info.device),
-        )
-        publisher.start()
-        worker.start()
-        servicer.worker = worker
         try:
-            yield worker
+            ready = await client.start()
+            front = PrefillFront(
+                ready,
+                config.transfer.kv_transfer_backend,
+                config.transfer.kv_lease_s,
+                Admission(config.admission.limits(ready.scheduler)),
+                on_kv_events=publisher.offer,
+                tracing=runtime.tracing,
+                metrics=runtime.metrics,
+            )
+            publisher.start()
+            front.bind(client)
+            servicer.front = front
+            yield front
         finally:
-            await worker.aclose()
+            await client.close()
             await publisher.aclose()
 
-    return await run_any_pod("prefill", config, add_servicer, open_worker, stop, handle_signals)
+    return await run_any_pod("prefill", config, add_servicer, open_front, stop, handle_signals)
 
 
 def main(argv: list[str] | None = None) -> int:

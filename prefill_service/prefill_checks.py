@@ -6,19 +6,18 @@ from collections.abc import Container
 
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
-from engine.llm_engine import LLMEngine
-from kv_transfer.base import KVSender
-from kv_transfer.layout import check_transfer_layouts
-from kv_transfer.state import UnknownTransferError
+from engine.runtime_info import RuntimeInfo
+from kv_transfer.layout import KVLayout, check_transfer_layouts
 from kv_transfer.target import KVTarget
 
 
 class PrefillChecks:
-    """Raises InvalidArgumentError naming the bad field, or LayoutMismatchError for a foreign KV layout."""
+    """Raises InvalidArgumentError naming the bad field, or LayoutMismatchError for a foreign KV layout. (A transfer
+    id the sender still remembers is refused by the engine core, which holds the sender.)"""
 
-    def __init__(self, engine: LLMEngine, sender: KVSender, backend: str) -> None:
-        self._engine = engine
-        self._sender = sender
+    def __init__(self, info: RuntimeInfo, layout: KVLayout, backend: str) -> None:
+        self._info = info
+        self._layout = layout
         self._backend = backend
 
     def check(
@@ -28,25 +27,17 @@ class PrefillChecks:
         target: KVTarget,
         open_transfer_ids: Container[str],
     ) -> None:
-        # NOTE: validate() only reads the engine's immutable RuntimeInfo: safe off the engine thread.
-        self._engine.validate(prompt_token_ids, params)
+        self._info.validate(prompt_token_ids, params)
         if target.backend != self._backend:
             raise InvalidArgumentError(
                 "kv_target.backend", f"this pod sends over {self._backend!r}, not {target.backend!r}"
             )
-        check_transfer_layouts(self._sender.layout, target.layout)
-        num_blocks = -(-len(prompt_token_ids) // self._engine.info.block_size)
+        check_transfer_layouts(self._layout, target.layout)
+        num_blocks = -(-len(prompt_token_ids) // self._info.block_size)
         if len(target.block_ids) != num_blocks:
             raise InvalidArgumentError(
                 "kv_target.block_ids",
                 f"{len(target.block_ids)} block ids for {len(prompt_token_ids)} prompt tokens; expected {num_blocks}",
             )
-        if not target.transfer_id or target.transfer_id in open_transfer_ids or self._sender_knows(target):
+        if not target.transfer_id or target.transfer_id in open_transfer_ids:
             raise InvalidArgumentError("kv_target.transfer_id", f"{target.transfer_id!r} is empty or already used")
-
-    def _sender_knows(self, target: KVTarget) -> bool:
-        try:
-            self._sender.state(target.transfer_id)
-        except UnknownTransferError:
-            return False
-        return True

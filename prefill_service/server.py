@@ -1,4 +1,4 @@
-"""The PrefillService gRPC servicer: protobuf in, PrefillWorker, protobuf out."""
+"""The PrefillService gRPC servicer: protobuf in, PrefillFront, protobuf out."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from common.proto_convert import sampling_params_from_pb
 from kv_transfer.state import TransferError
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from prefill_service.convert import prefill_event_to_pb, request_kv_target
-from prefill_service.prefill_worker import PrefillWorker
+from prefill_service.prefill_front import PrefillFront
 
 SERVICE_NAME = "pdserve.v1.PrefillService"
 
@@ -20,20 +20,20 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
-    """Thin servicer; `worker` is set once the engine has loaded (UNAVAILABLE before)."""
+    """Thin servicer; `front` is set once the engine has loaded (UNAVAILABLE before)."""
 
     def __init__(self) -> None:
-        self.worker: PrefillWorker | None = None
+        self.front: PrefillFront | None = None
 
     async def Prefill(
         self, request: prefill_pb2.PrefillRequest, context: Context
     ) -> AsyncIterator[prefill_pb2.PrefillResponse]:
-        if self.worker is None:
+        if self.front is None:
             raise UnavailableError("prefill pod is still loading")
         params = sampling_params_from_pb(request.sampling_params, max_n=1)
         target = request_kv_target(request)
         cache_salt = request.cache_salt if request.HasField("cache_salt") else None
-        events = self.worker.prefill(list(request.prompt_token_ids), params, target, cache_salt, request.request_id)
+        events = self.front.prefill(list(request.prompt_token_ids), params, target, cache_salt, request.request_id)
         try:
             async for event in events:
                 yield prefill_event_to_pb(event)

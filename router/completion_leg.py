@@ -2,20 +2,20 @@
 
 1. `open`: Reserve the prompt's KV blocks on the decode pod (counted on it from the pick), start Prefill with that
    KV target, and wait for the Prefill stream's first message, the first token.
-2. `decode`: call Decode on the reserving pod (the reservation counts as claimed once the completion `finished`),
-   while the rest of the Prefill stream (the KV transfer's end) is read beside it; yields the decode steps up to
-   the one with a finish reason.
-3. `aclose`: cancel whatever pod call is still open and Release a reservation that no Decode claimed, on a task
-   of its own so that a second cancellation cannot strand it; a leg cancelled mid-Reserve Releases what the pod
+2. `decode`: decode the request on the reserving pod's DecodeStream (the reservation counts as claimed once the
+   completion `finished`), while the rest of the Prefill stream (the KV transfer's end) is read beside it; a transfer
+   that fails fails the decode too (the pod would wait for blocks that never come). Yields the decode steps (each
+   holds every token that arrived since the last) up to the one with a finish reason.
+3. `aclose`: cancel whatever pod call or decode is still open and Release a reservation that no decode claimed, on a
+   task of its own so that a second cancellation cannot strand it; a leg cancelled mid-Reserve Releases what the pod
    reserved once Reserve answers.
 A KV target answered under another generation than the decode pod's listed one (the pod restarted under the same
 id and address) fails the leg: a reference is only ever used with the incarnation that made it.
-A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: UNAVAILABLE
-(the pod is gone, draining, or its keepalive lapsed), ABORTED / NOT_FOUND / FAILED_PRECONDITION (a KV transfer or
-reservation that ended, e.g. its lease lapsed: from the Prefill stream, that blames the decode pod, whose receiver
-stopped answering), UNKNOWN / CANCELLED (the peer went away mid-call), or a Decode stream that ends without a finish
-reason. A decode pod out of KV blocks raises `DecodePodFull`. Anything else
-(bad input, overload, the client's deadline) propagates as it is.
+A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: the pod
+is unavailable (gone, draining, its keepalive lapsed) or its call failed (`router.pod_errors.PodCallFailed`: a KV
+transfer or reservation that ended, e.g. its lease lapsed, which from the Prefill stream blames the decode pod,
+whose receiver stopped answering; or the peer went away mid-call). A decode pod out of KV blocks raises
+`DecodePodFull`. Anything else (bad input, overload, the client's deadline) propagates as it is.
 """
 
 from __future__ import annotations
@@ -23,25 +23,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-
-import grpc
-import grpc.aio
+from collections.abc import AsyncGenerator, Iterator
 
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodInfo
 from kv_transfer.target import KVTarget
+from router.decode_stream import DecodeCollector
 from router.migration import LegInput
 from router.outputs import DecodeStep, FirstToken, TransferDone
-from router.prefill_tail import cancel_and_wait, result_within, transfer_done, until_transfer_fails
+from router.pod_errors import PodCallFailed
+from router.prefill_tail import cancel_and_wait, result_within, transfer_done
 from router.run_context import PromptPlan, RunContext
 
 logger = logging.getLogger(__name__)
 
 _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
-_TRANSFER_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION})
-_LEG_FAILURE_CODES = _TRANSFER_CODES | {grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 _RELEASING: set[asyncio.Task[None]] = set()
 
 
@@ -65,12 +62,9 @@ def blamed_on(pod_id: str, transfer_peer_id: str | None = None) -> Iterator[None
         yield
     except UnavailableError as exc:
         raise LegFailed(pod_id, str(exc)) from exc
-    except grpc.aio.AioRpcError as exc:
-        code = exc.code()
-        if code not in _LEG_FAILURE_CODES:
-            raise
-        blamed = transfer_peer_id if transfer_peer_id is not None and code in _TRANSFER_CODES else pod_id
-        raise LegFailed(blamed, f"pod {pod_id}: {code.name}: {exc.details()}") from exc
+    except PodCallFailed as exc:
+        blamed = transfer_peer_id if transfer_peer_id is not None and exc.transfer else pod_id
+        raise LegFailed(blamed, str(exc)) from exc
 
 
 class CompletionLeg:
@@ -134,26 +128,26 @@ class CompletionLeg:
         return first
 
     async def decode(self, first_token_id: int) -> AsyncGenerator[DecodeStep, None]:
-        """The Decode stream from the second token on, up to its step with a finish reason; raises LegFailed."""
+        """The decode steps from the second token on, up to the one with a finish reason; raises LegFailed."""
         assert self._target is not None and self._prefill_stream is not None
-        self._transfer = asyncio.create_task(self._transfer_done(), name=f"transfer-{self.request_id}")
+        client = self._ctx.pods.client(self.decode_pod)
+        collector = client.start_decode(
+            self.request_id,
+            self._target.transfer_id,
+            self._input.token_ids,
+            first_token_id,
+            self._input.params,
+            self._plan.cache_salt,
+        )
+        self._stack.callback(client.cancel_decode, collector)
+        self._transfer = asyncio.create_task(self._transfer_done(collector), name=f"transfer-{self.request_id}")
         self._stack.push_async_callback(cancel_and_wait, self._transfer)
-        steps = self._ctx.pods.client(self.decode_pod).decode(
-            self.request_id, self._target.transfer_id, self._input.token_ids, first_token_id, self._input.params,
-            self._plan.cache_salt, self._ctx.remaining_s(self._plan.deadline),
-        )  # fmt: skip
-        self._stack.push_async_callback(steps.aclose)
-        blamed = self._blamed_steps(steps)
-        try:
-            async with contextlib.aclosing(until_transfer_fails(blamed, self._transfer)) as checked:
-                async for step in checked:
-                    yield step
-                    if step.finish_reason is not None:
-                        return
-        finally:
-            await blamed.aclose()
-            await steps.aclose()
-        raise LegFailed(self.decode_pod.pod_id, f"decode pod {self.decode_pod.pod_id} ended the stream unfinished")
+        while True:
+            with blamed_on(self.decode_pod.pod_id):
+                step = await collector.next_step()
+            yield step
+            if step.finish_reason is not None:
+                return
 
     def finished(self) -> None:
         """The completion ended on this leg's Decode (a finish reason, or a stop string the router matched): the pod
@@ -180,15 +174,15 @@ class CompletionLeg:
                 f"decode pod {self.decode_pod.pod_id} reserved as generation {target.generation}, listed as {listed}",
             )
 
-    async def _blamed_steps(self, steps: AsyncIterator[DecodeStep]) -> AsyncGenerator[DecodeStep, None]:
-        with blamed_on(self.decode_pod.pod_id):
-            async for step in steps:
-                yield step
-
-    async def _transfer_done(self) -> TransferDone | None:
+    async def _transfer_done(self, collector: DecodeCollector) -> TransferDone | None:
+        """The rest of the Prefill stream; its failure fails the decode (as LegFailed naming the pod to blame)."""
         assert self._prefill_stream is not None
-        with blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id):
-            return await transfer_done(self._prefill_stream)
+        try:
+            with blamed_on(self.prefill_pod.pod_id, self.decode_pod.pod_id):
+                return await transfer_done(self._prefill_stream)
+        except LegFailed as failure:
+            collector.fail(failure)
+            raise
 
     def _release_when_reserved(self, reserving: asyncio.Future[KVTarget]) -> None:
         if not reserving.cancelled() and reserving.exception() is None:

@@ -1,11 +1,9 @@
-"""The router's calls to one pod (Prefill on prefill pods; Reserve, Decode, Release on decode pods).
+"""The router's calls to one pod (Prefill on prefill pods; Reserve, decoding on the DecodeStream, Release on decode
+pods).
 
-Protobuf stays here: callers pass and get plain values (`router.outputs`). Failures that the router
-acts on become pdserve errors: UNAVAILABLE -> UnavailableError (the pod is gone or draining; try
-another), RESOURCE_EXHAUSTED -> ResourceExhaustedError (no KV blocks there, or overloaded; its RetryInfo
-kept), INVALID_ARGUMENT with a BadRequest -> InvalidArgumentError naming the same field (reported under its
-public path). Any other status propagates as the grpc.aio.AioRpcError, which the router's ErrorInterceptor
-passes on to its client with the pod's status and details.
+Protobuf stays here: callers pass and get plain values (`router.outputs`), and a failed call raises the typed error
+`router.pod_errors` classifies it as. A decode pod's requests share one DecodeStream per router
+(`router.decode_stream`), opened with the first of them.
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
-from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import bad_request_fields, retry_delay_s
 from common.grpc_server import message_size_options
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
@@ -26,7 +22,9 @@ from common.tls import ChannelSecurity
 from kv_transfer.target import KVTarget
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from pod.convert import kv_target_from_pb, kv_target_to_pb
+from router.decode_stream import DecodeCollector, DecodeMux
 from router.outputs import DecodeStep, FirstToken, TransferDone
+from router.pod_errors import rpc_error
 
 KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 1_000),
@@ -46,17 +44,7 @@ def _mapped_errors(pod_id: str, rpc: str) -> Iterator[None]:
     try:
         yield
     except grpc.aio.AioRpcError as exc:
-        code = exc.code()
-        if code is grpc.StatusCode.UNAVAILABLE:
-            raise UnavailableError(f"{rpc} on pod {pod_id}: {exc.details()}") from exc
-        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            raise ResourceExhaustedError(f"{rpc} on pod {pod_id}: {exc.details()}", retry_delay_s(exc)) from exc
-        violations = bad_request_fields(exc) if code is grpc.StatusCode.INVALID_ARGUMENT else []
-        if violations:
-            # NOTE: re-raised so that the router's interceptor reports the public field path (a pod may name
-            # the engine's field, e.g. Reserve's top-level max_tokens).
-            raise InvalidArgumentError(*violations[0]) from exc
-        raise
+        raise rpc_error(pod_id, rpc, exc) from exc
 
 
 class PodClient:
@@ -77,6 +65,7 @@ class PodClient:
         )
         self._prefill = prefill_pb2_grpc.PrefillServiceStub(self._channel)
         self._decode = decode_pb2_grpc.DecodeServiceStub(self._channel)
+        self._decode_mux: DecodeMux | None = None
         # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.
         self._health_check = self._channel.unary_unary(
             f"/{health.SERVICE_NAME}/Check",
@@ -128,6 +117,27 @@ class PodClient:
         finally:
             call.cancel()
 
+    def start_decode(
+        self,
+        request_id: str,
+        transfer_id: str,
+        prompt_token_ids: Sequence[int],
+        first_token_id: int,
+        params: SamplingParams,
+        cache_salt: str | None,
+    ) -> DecodeCollector:
+        """Decode a request on this pod's DecodeStream, from the second token on; its steps come from the collector.
+        End it early with `cancel_decode`."""
+        mux = self._decode_mux
+        if mux is None or mux.closed:
+            mux = self._decode_mux = DecodeMux(self.pod_id, self._decode)
+        return mux.start(request_id, transfer_id, prompt_token_ids, first_token_id, params, cache_salt)
+
+    def cancel_decode(self, collector: DecodeCollector) -> None:
+        """End a request of `start_decode` early (the pod frees its blocks); a no-op once it ended."""
+        if self._decode_mux is not None:
+            self._decode_mux.cancel(collector)
+
     async def decode(
         self,
         request_id: str,
@@ -136,27 +146,21 @@ class PodClient:
         first_token_id: int,
         params: SamplingParams,
         cache_salt: str | None,
-        timeout: float | None,
     ) -> AsyncGenerator[DecodeStep, None]:
-        """The Decode stream, from the second token on. Closing the iterator cancels the call."""
-        request = decode_pb2.DecodeRequest(
-            request_id=request_id, transfer_id=transfer_id, prompt_token_ids=prompt_token_ids,
-            first_token_id=first_token_id, sampling_params=sampling_params_to_pb(params), cache_salt=cache_salt,
-        )  # fmt: skip
-        call = self._decode.Decode(request, timeout=timeout)
+        """A request's decode steps, from the second token on, up to its finish; closing the iterator cancels it."""
+        collector = self.start_decode(request_id, transfer_id, prompt_token_ids, first_token_id, params, cache_salt)
         try:
-            with _mapped_errors(self.pod_id, "Decode"):
-                async for response in call:
-                    yield DecodeStep(
-                        tuple(response.token_ids),
-                        tuple(response.logprobs),
-                        finish_reason_from_pb(response.finish_reason),
-                        stop_reason_from_pb(response.stop_reason),
-                    )
+            while True:
+                step = await collector.next_step()
+                yield step
+                if step.finish_reason is not None:
+                    return
         finally:
-            call.cancel()
+            self.cancel_decode(collector)
 
     async def aclose(self) -> None:
+        if self._decode_mux is not None:
+            await self._decode_mux.aclose()
         await self._channel.close()
 
 

@@ -17,11 +17,13 @@ if [[ "$installed" != "$GRPCIO_TOOLS_VERSION" ]]; then
   exit 1
 fi
 
-# NOTE: protoc finds the protoc-gen-mypy plugins (mypy-protobuf) on PATH, beside the interpreter.
+# NOTE: protoc finds the protoc-gen-mypy plugins (mypy-protobuf) on PATH, beside the interpreter; decode.proto imports
+# google/rpc/status.proto, which googleapis-common-protos installs beside its generated module.
 PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
+googleapis="$("$PYTHON" -c 'import os, google.rpc.status_pb2 as m; print(os.path.dirname(os.path.dirname(os.path.dirname(m.__file__))))')"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-"$PYTHON" -m grpc_tools.protoc -I protos \
+"$PYTHON" -m grpc_tools.protoc -I protos -I "$googleapis" \
   --python_out="$out" --grpc_python_out="$out" --mypy_out=quiet:"$out" --mypy_grpc_out=quiet:"$out" \
   protos/pdserve/v1/*.proto
 

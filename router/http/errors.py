@@ -4,7 +4,7 @@
 - ResourceExhaustedError -> 429 with `Retry-After` (whole seconds, rounded up, at least 1);
 - UnavailableError -> 503 (with `Retry-After` when the error carries a delay);
 - UnauthenticatedError -> 401, PermissionDeniedError -> 403;
-- a pod's gRPC error -> the HTTP status of its code; anything else -> 500, logged.
+- a pod's error passed on (RemoteError) -> the HTTP status of its code; anything else -> 500, logged.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import logging
 import math
 from dataclasses import dataclass
 
-import grpc
-import grpc.aio
+from google.rpc import status_pb2
 
-from common.errors import InvalidArgumentError, PdserveError
+from common.errors import InvalidArgumentError, PdserveError, RemoteError
 from common.grpc_errors import retry_delay_s
 
 logger = logging.getLogger(__name__)
@@ -65,6 +64,12 @@ def http_error(exc: BaseException) -> HttpError:
     if isinstance(exc, InvalidArgumentError):
         field = http_field(exc.field)
         return HttpError(400, f"{field}: {exc.description}", param=field, code=exc.status)
+    if isinstance(exc, RemoteError):
+        status = _HTTP_STATUS.get(exc.code, 500)
+        retry_after_s = retry_delay_s(status_pb2.Status.FromString(exc.rich_status))
+        if status == 429 and retry_after_s is None:
+            retry_after_s = 1.0
+        return HttpError(status, str(exc) or exc.code.lower(), code=exc.code, retry_after_s=retry_after_s)
     if isinstance(exc, PdserveError):
         status = _HTTP_STATUS.get(exc.status, 500)
         if status == 500:
@@ -74,12 +79,5 @@ def http_error(exc: BaseException) -> HttpError:
         if exc.status == "RESOURCE_EXHAUSTED" and retry_after_s is None:
             retry_after_s = 1.0
         return HttpError(status, str(exc) or exc.status.lower(), code=exc.status, retry_after_s=retry_after_s)
-    if isinstance(exc, grpc.aio.AioRpcError):
-        name = exc.code().name
-        status = _HTTP_STATUS.get(name, 500)
-        retry_after_s = retry_delay_s(exc)
-        if status == 429 and retry_after_s is None:
-            retry_after_s = 1.0
-        return HttpError(status, exc.details() or name.lower(), code=name, retry_after_s=retry_after_s)
     logger.error("unhandled %s in an HTTP handler", type(exc).__name__, exc_info=exc)
     return HttpError(500, "internal error", code="INTERNAL")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
+from google.rpc import status_pb2
 from grpc_tools import protoc  # type: ignore[import-untyped]
 
 from pdserve.v1 import generation_pb2, sampling_pb2
@@ -30,7 +31,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[descriptor_pb2.FileD
     """Our .proto files, compiled by protoc with their comments (source info)."""
     out = tmp_path_factory.mktemp("protos") / "descriptors.pb"
     include = importlib.resources.files("grpc_tools") / "_proto"
-    args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", "--include_source_info", f"--descriptor_set_out={out}"]
+    googleapis = Path(status_pb2.__file__).parents[2]  # NOTE: google/rpc/status.proto, which decode.proto imports
+    includes = [f"-I{PROTO_ROOT}", f"-I{include}", f"-I{googleapis}"]
+    args = ["protoc", *includes, "--include_source_info", f"--descriptor_set_out={out}"]
     assert protoc.main([*args, *PROTO_FILES]) == 0
     return list(descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file)
 
@@ -43,7 +46,8 @@ def _message_elements(message: descriptor_pb2.DescriptorProto, name: str, path: 
         if not oneof.name.startswith("_"):  # proto3 `optional` makes synthetic oneofs named _<field>.
             yield f"{name}.{oneof.name}", (*path, _MESSAGE_ONEOF, i)
     for i, nested in enumerate(message.nested_type):
-        yield from _message_elements(nested, f"{name}.{nested.name}", (*path, _MESSAGE_NESTED, i))
+        if not nested.options.map_entry:  # a map field makes a synthetic <Field>Entry message
+            yield from _message_elements(nested, f"{name}.{nested.name}", (*path, _MESSAGE_NESTED, i))
     for i, enum in enumerate(message.enum_type):
         yield from _enum_elements(enum, f"{name}.{enum.name}", (*path, _MESSAGE_ENUM, i))
 
@@ -132,7 +136,7 @@ def test_services_and_rpcs_follow_buf_standard(files: list[descriptor_pb2.FileDe
             for method in service.method:
                 rpcs[f"{service.name}.{method.name}"] = (method.input_type, method.output_type)
     assert sorted(rpcs) == [
-        "DecodeService.Decode",
+        "DecodeService.DecodeStream",
         "DecodeService.Release",
         "DecodeService.Reserve",
         "GenerationService.Abort",
@@ -166,7 +170,7 @@ def test_server_streaming_rpcs_are_exactly_the_streaming_ones(
         "GetLoad": (False, False),
         "Prefill": (False, True),
         "Reserve": (False, False),
-        "Decode": (False, True),
+        "DecodeStream": (True, True),
         "Release": (False, False),
     }
 

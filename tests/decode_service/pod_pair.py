@@ -9,15 +9,17 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import grpc.aio
 import pytest
+from google.rpc import status_pb2
 
 import decode_service.__main__ as decode_main
 import prefill_service.__main__ as prefill_main
 from cli.redis_server import RedisServer
 from common.pod_registry import PodInfo, PodRegistry
+from common.telemetry import context_carrier
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, sampling_pb2
 from tests.engine.model_factory import save_tiny_model
 
@@ -27,7 +29,65 @@ BLOCK_SIZE = 16
 
 R = TypeVar("R")
 PrefillCall = grpc.aio.UnaryStreamCall[prefill_pb2.PrefillRequest, prefill_pb2.PrefillResponse]
-DecodeCall = grpc.aio.UnaryStreamCall[decode_pb2.DecodeRequest, decode_pb2.DecodeResponse]
+
+
+class Readable(Protocol[R]):
+    async def read(self) -> R | grpc.aio.EOFType: ...
+
+
+@dataclass
+class DecodeStep:
+    """One DecodeStream message's share for one request."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: int = sampling_pb2.FINISH_REASON_UNSPECIFIED
+    stop_reason: sampling_pb2.StopReason | None = None
+
+
+class DecodeFailed(Exception):
+    """The request's DecodeEnd carried an error."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
+class OneDecode:
+    """One request on a DecodeStream of its own, read step by step (`read`, then EOF after its end); `cancel()`
+    ends the stream, and with it the request."""
+
+    KEY = 1
+
+    def __init__(self, stub: decode_pb2_grpc.DecodeServiceAsyncStub, start: decode_pb2.DecodeStart) -> None:
+        self._frames: asyncio.Queue[decode_pb2.DecodeStreamRequest | None] = asyncio.Queue()
+        self._frames.put_nowait(decode_pb2.DecodeStreamRequest(start=start))
+        self._call = stub.DecodeStream(self._requests())
+        self._ended = False
+
+    async def _requests(self) -> AsyncIterator[decode_pb2.DecodeStreamRequest]:
+        while (frame := await self._frames.get()) is not None:
+            yield frame
+
+    async def read(self) -> DecodeStep | grpc.aio.EOFType:
+        if self._ended:
+            self._call.cancel()
+            return grpc.aio.EOF
+        message = await self._call.read()
+        assert isinstance(message, decode_pb2.DecodeStreamResponse), f"the stream ended: {message}"
+        assert set(message.keys) <= {self.KEY}
+        step = DecodeStep(list(message.token_ids), list(message.logprobs))
+        for end in message.ends:
+            self._ended = True
+            if end.HasField("error"):
+                self._call.cancel()
+                raise DecodeFailed(end.error)
+            step.finish_reason = end.finish_reason
+            step.stop_reason = end.stop_reason if end.HasField("stop_reason") else None
+        return step
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +113,7 @@ class Flow:
 
     reserve: decode_pb2.ReserveResponse
     prefill: list[prefill_pb2.PrefillResponse] = field(default_factory=list)
-    decode: list[decode_pb2.DecodeResponse] = field(default_factory=list)
+    decode: list[DecodeStep] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -108,15 +168,17 @@ class PodPair:
         params: sampling_pb2.SamplingParams,
         reserve: decode_pb2.ReserveResponse,
         first_token_id: int,
-    ) -> DecodeCall:
-        request = decode_pb2.DecodeRequest(
+    ) -> OneDecode:
+        start = decode_pb2.DecodeStart(
+            key=OneDecode.KEY,
             request_id="req",
             transfer_id=reserve.kv_target.transfer_id,
             prompt_token_ids=prompt,
             first_token_id=first_token_id,
             sampling_params=params,
+            trace_context=context_carrier(),
         )
-        return self.decode.Decode(request)
+        return OneDecode(self.decode, start)
 
     async def generate(
         self,
@@ -137,8 +199,8 @@ class PodPair:
         return flow
 
 
-async def read_all(call: grpc.aio.UnaryStreamCall[Any, R]) -> list[R]:
-    """Every (remaining) message of a server stream, read with `read()`."""
+async def read_all(call: Readable[R]) -> list[R]:
+    """Every (remaining) message of a stream, read with `read()`."""
     responses: list[R] = []
     while (response := await call.read()) is not grpc.aio.EOF:
         responses.append(cast(R, response))

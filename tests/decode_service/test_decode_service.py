@@ -10,16 +10,24 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
+from google.rpc import code_pb2
 from grpc_health.v1 import health_pb2
 
 import decode_service.__main__ as decode_main
-import pod.run as pod_run
 from cli.redis_server import RedisServer
 from common.grpc_errors import bad_request_fields
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, sampling_pb2
-from tests.decode_service.pod_pair import DECODE_ID, PREFILL_ID, pod_flags, read_all, running_pods
+from engine.core.client import EngineCoreClient
+from engine.core.process import CoreReady
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, sampling_pb2
+from tests.decode_service.pod_pair import (
+    DECODE_ID,
+    PREFILL_ID,
+    DecodeFailed,
+    DecodeStep,
+    pod_flags,
+    read_all,
+    running_pods,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -58,15 +66,16 @@ async def test_bad_input_is_invalid_argument_naming_the_field(tiny_model: Path, 
             assert [f for f, _ in bad_request_fields(error)] == [field]
         for prompt, first_token_id, field in [(PROMPT, 600, "first_token_id"), ([], 1, "prompt_token_ids")]:
             reserve = await pods.reserve(PROMPT, 40)
-            error = await _error(read_all(pods.start_decode(prompt, GREEDY, reserve, first_token_id)))
-            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
-            assert [f for f, _ in bad_request_fields(error)] == [field]
-        # A failed Decode call frees its reservation at once (the lease is 10 s).
+            with pytest.raises(DecodeFailed) as failed:
+                await read_all(pods.start_decode(prompt, GREEDY, reserve, first_token_id))
+            assert failed.value.status.code == code_pb2.INVALID_ARGUMENT
+            assert [f for f, _ in bad_request_fields(failed.value.status)] == [field]
+        # A failed decode frees its reservation at once (the lease is 10 s).
         await pods.wait_until_idle()
-        unknown = decode_pb2.DecodeRequest(
-            request_id="r", transfer_id="nope", prompt_token_ids=PROMPT, first_token_id=1, sampling_params=GREEDY
-        )
-        assert (await _error(read_all(pods.decode.Decode(unknown)))).code() is grpc.StatusCode.NOT_FOUND
+        unknown = decode_pb2.ReserveResponse(kv_target=kv_transfer_pb2.KVTarget(transfer_id="nope"))
+        with pytest.raises(DecodeFailed) as failed:
+            await read_all(pods.start_decode(PROMPT, GREEDY, unknown, 1))
+        assert failed.value.status.code == code_pb2.NOT_FOUND
         await pods.decode.Release(decode_pb2.ReleaseRequest(transfer_id="nope"))
 
 
@@ -75,14 +84,14 @@ async def test_health_is_not_serving_until_the_engine_is_loaded(
 ) -> None:
     loading = asyncio.Event()
     may_load = asyncio.Event()
-    real_load = pod_run.load_engine
+    real_start = EngineCoreClient.start
 
-    async def gated_load(config: EngineConfig) -> LLMEngine:
+    async def gated_start(client: EngineCoreClient) -> CoreReady:
         loading.set()
         await may_load.wait()
-        return await real_load(config)
+        return await real_start(client)
 
-    monkeypatch.setattr(pod_run, "load_engine", gated_load)
+    monkeypatch.setattr(EngineCoreClient, "start", gated_start)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -122,7 +131,7 @@ async def test_registry_entry_and_drain(tiny_model: Path, redis_server: RedisSer
         assert isinstance(first, prefill_pb2.PrefillResponse)
         decode_call = pods.start_decode(PROMPT, GREEDY, reserve, first.first_token.token_id)
         first_step = await decode_call.read()
-        assert isinstance(first_step, decode_pb2.DecodeResponse)
+        assert isinstance(first_step, DecodeStep)
         pods.stop.set()
         await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.draining, 2.0)
         assert await _health(decode.address) == NOT_SERVING

@@ -36,7 +36,7 @@ async def test_expired_failed_and_aborted_are_logged(
         expiring = (await pods.reserve(PROMPT, 4)).kv_target.transfer_id
         await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 61, 1.0)
         await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 64, 2.0)
-        assert _lines(caplog, "decode_service.decode_worker", expiring) == [
+        assert _lines(caplog, "decode_service.decode_front", expiring) == [
             (logging.WARNING, f"KV reservation of request 'req' (transfer {expiring}) ended expired before its "
                               "claim; its blocks are freed"),
         ]  # fmt: skip
@@ -58,6 +58,6 @@ async def test_expired_failed_and_aborted_are_logged(
         decode_call.cancel()
         await pods.wait_until_idle()
         await asyncio.sleep(0.05)
-        assert _lines(caplog, "decode_service.decode_worker", reserve.kv_target.transfer_id) == [
-            (logging.INFO, f"decode of request 'req' (transfer {reserve.kv_target.transfer_id}) ended early: aborted")
+        assert _lines(caplog, "decode_service.decode_front", reserve.kv_target.transfer_id) == [
+            (logging.INFO, f"decode of request 'req' (transfer {reserve.kv_target.transfer_id}) ended early: cancelled")
         ]

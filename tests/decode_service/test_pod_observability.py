@@ -26,7 +26,7 @@ MAX_TOKENS = 5
 PARAMS = sampling_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 PROMPT = [(11 * i + 5) % 512 for i in range(40)]  # 3 chunks of 16, 16 and 8 tokens (threshold 16)
 OTHER_PROMPT = [(13 * i + 7) % 512 for i in range(20)]
-PREFILL, DECODE = "pdserve.v1.PrefillService/Prefill", "pdserve.v1.DecodeService/Decode"
+PREFILL = "pdserve.v1.PrefillService/Prefill"
 
 
 def _one(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
@@ -65,11 +65,11 @@ async def test_one_trace_across_both_pods(tiny_model: Path, redis_server: RedisS
     assert transfer.attributes[telemetry.PDSERVE_KV_TRANSFER_BACKEND] == "tcp"
     assert transfer.attributes[telemetry.PDSERVE_KV_TRANSFER_BYTES] == 3 * block_nbytes
     assert transfer.events == (telemetry.EVENT_KV_TRANSFER_DONE,)
-    decode_server = _one(spans, "pdserve-decode", DECODE)
-    assert decode_server.parent_id == _one(spans, "pdserve-router", DECODE).span_id
+    # NOTE: the DecodeStream is shared by many requests: its DecodeStart carries each request's trace context.
+    assert not [s for s in spans if s.name.endswith("DecodeStream")]
     admission = _one(spans, "pdserve-decode", "decode.admission")
     generate = _one(spans, "pdserve-decode", "decode.generate")
-    assert (admission.parent_id, generate.parent_id) == (decode_server.span_id, decode_server.span_id)
+    assert (admission.parent_id, generate.parent_id) == (root.span_id, root.span_id)
     assert admission.events == (telemetry.EVENT_DECODE_ADMITTED,)
     assert generate.events == ("first_decode_token",)
     assert generate.attributes[telemetry.GEN_AI_USAGE_OUTPUT_TOKENS] == MAX_TOKENS

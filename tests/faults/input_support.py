@@ -14,10 +14,12 @@ from typing import Any, cast
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from google.rpc import code_pb2, status_pb2
 
 from cli.client import GenerationClient
 from common.grpc_errors import bad_request_fields
 from common.grpc_server import message_size_options
+from pdserve.v1 import decode_pb2
 from tests.e2e.support import run
 
 PARIS_PROMPT = "The capital of France is"
@@ -104,6 +106,40 @@ def send_all(
     return report
 
 
+def send_all_frames(
+    address: str,
+    method: str,
+    cases: Sequence[FuzzCase],
+    frame_descriptor: Descriptor,
+    item_descriptor: Descriptor,
+    workers: int = 4,
+) -> FuzzReport:
+    """Send every case's bytes as the one frame of a DecodeStream-like call (`method`, bidirectional) and judge what
+    comes back: each request end's error against `item_descriptor` (the frame's per-request part), the call's own
+    status against `frame_descriptor`."""
+    report = FuzzReport()
+    channel = grpc.insecure_channel(address, options=message_size_options())
+    call: Callable[..., Any] = channel.stream_stream(method)
+
+    def one(case: FuzzCase) -> None:
+        try:
+            for data in call(iter([case.data]), timeout=CALL_TIMEOUT_S):
+                for end in decode_pb2.DecodeStreamResponse.FromString(data).ends:
+                    if end.HasField("error"):
+                        _judge_status(report, case, end.error, item_descriptor)
+                    else:
+                        report.codes["OK"] += 1
+        except grpc.RpcError as exc:
+            _judge(report, case, cast(grpc.aio.AioRpcError, exc), frame_descriptor)
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, cases))
+    finally:
+        channel.close()
+    return report
+
+
 def _judge(report: FuzzReport, case: FuzzCase, error: grpc.aio.AioRpcError, descriptor: Descriptor) -> None:
     code = error.code()
     report.codes[code.name] += 1
@@ -114,6 +150,18 @@ def _judge(report: FuzzReport, case: FuzzCase, error: grpc.aio.AioRpcError, desc
         report.fields.update(paths)
         if not paths or not all(names_a_field(path, descriptor) for path in paths):
             report.bad.append(f"{case.kind}: INVALID_ARGUMENT naming {paths}: {error.details()}")
+
+
+def _judge_status(report: FuzzReport, case: FuzzCase, status: status_pb2.Status, descriptor: Descriptor) -> None:
+    name = code_pb2.Code.Name(status.code)
+    report.codes[name] += 1
+    if status.code in (code_pb2.INTERNAL, code_pb2.UNKNOWN):
+        report.bad.append(f"{case.kind}: {name} {status.message}")
+    elif status.code == code_pb2.INVALID_ARGUMENT:
+        paths = [path for path, _ in bad_request_fields(status)]
+        report.fields.update(paths)
+        if not paths or not all(names_a_field(path, descriptor) for path in paths):
+            report.bad.append(f"{case.kind}: INVALID_ARGUMENT naming {paths}: {status.message}")
 
 
 def random_garbage(rng: random.Random, count: int) -> list[FuzzCase]:

@@ -28,6 +28,7 @@ from tests.faults.input_support import (
     answers_paris,
     random_garbage,
     send_all,
+    send_all_frames,
     structured_cases,
 )
 from tests.faults.support import kv_at_baseline, log_errors
@@ -96,11 +97,18 @@ RESERVE_VALUES: dict[str, list[Any]] = {
     "max_tokens": [0, 1, 8192, U32],
 }
 DECODE_VALUES: dict[str, list[Any]] = {
-    **{f"sampling_params.{name}": values for name, values in SAMPLING.items()},
-    "transfer_id": ["", "unknown", "x" * 300],
-    "prompt_token_ids": [[], [U32], [1] * 9000],
-    "first_token_id": [0, U32],
+    **{f"start.sampling_params.{name}": values for name, values in SAMPLING.items()},
+    "start.key": [0, 2**64 - 1],
+    "start.transfer_id": ["", "unknown", "x" * 300],
+    "start.prompt_token_ids": [[], [U32], [1] * 9000],
+    "start.first_token_id": [0, U32],
+    "cancel.key": [0, 1, 2**64 - 1],
 }
+DECODE_BASE = decode_pb2.DecodeStreamRequest(
+    start=decode_pb2.DecodeStart(
+        key=1, transfer_id="t", prompt_token_ids=[1, 2], sampling_params=sampling_pb2.SamplingParams(max_tokens=4)
+    )
+)
 RELEASE_VALUES: dict[str, list[Any]] = {"transfer_id": ["", "unknown", "x" * 10_000]}
 
 
@@ -122,9 +130,6 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
         ("decode Reserve", pods["decode"], "/pdserve.v1.DecodeService/Reserve", False,
          _cases(3, num_pod, decode_pb2.ReserveRequest(num_prompt_tokens=20, max_tokens=2), RESERVE_VALUES),
          decode_pb2.ReserveRequest.DESCRIPTOR),
-        ("decode Decode", pods["decode"], "/pdserve.v1.DecodeService/Decode", True,
-         _cases(4, num_pod, decode_pb2.DecodeRequest(transfer_id="t", prompt_token_ids=[1, 2]), DECODE_VALUES),
-         decode_pb2.DecodeRequest.DESCRIPTOR),
         ("decode Release", pods["decode"], "/pdserve.v1.DecodeService/Release", False,
          _cases(5, num_pod, decode_pb2.ReleaseRequest(transfer_id="t"), RELEASE_VALUES),
          decode_pb2.ReleaseRequest.DESCRIPTOR),
@@ -137,6 +142,22 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
         assert report.bad == [], f"{name}: {len(report.bad)} bad answers, first: {report.bad[:5]}"
         figures[name] = {"cases": len(cases), "s": round(seconds, 1), "codes": dict(report.codes),
                          "fields": len(report.fields)}  # fmt: skip
+    started = time.monotonic()
+    report = send_all_frames(
+        pods["decode"],
+        "/pdserve.v1.DecodeService/DecodeStream",
+        _cases(4, num_pod, DECODE_BASE, DECODE_VALUES),
+        decode_pb2.DecodeStreamRequest.DESCRIPTOR,
+        decode_pb2.DecodeStart.DESCRIPTOR,
+    )
+    assert report.bad == [], f"decode DecodeStream: {len(report.bad)} bad answers, first: {report.bad[:5]}"
+    seconds = time.monotonic() - started
+    figures["decode DecodeStream"] = {
+        "cases": num_pod,
+        "s": round(seconds, 1),
+        "codes": dict(report.codes),
+        "fields": len(report.fields),
+    }
     exited = cluster.poll_exited()
     assert exited is None, f"{exited.name} exited with {exited.returncode}:\n{exited.log_tail()}"
     assert log_errors(cluster) == {}

@@ -38,6 +38,8 @@ from common.telemetry import (
     add_event,
     attach,
     capture_context,
+    context_carrier,
+    context_from_carrier,
     set_attributes,
 )
 from pdserve.v1 import (
@@ -48,6 +50,7 @@ from pdserve.v1 import (
     kv_transfer_pb2,
     prefill_pb2,
     prefill_pb2_grpc,
+    sampling_pb2,
 )
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -69,14 +72,26 @@ class DecodeLike(decode_pb2_grpc.DecodeServiceServicer):
         add_event(EVENT_RESERVED, {"num_blocks": 2})
         return decode_pb2.ReserveResponse(kv_target=kv_transfer_pb2.KVTarget(transfer_id=f"t-{request.request_id}"))
 
-    # NOTE: coroutine style on purpose (it writes with context.write), which the generated stub does not type.
-    async def Decode(self, request: decode_pb2.DecodeRequest, context: Context) -> None:  # type: ignore[override]
-        """Coroutine style: writes its responses with context.write. Request "hang" stops after one token until it
-        is cancelled (then `cancelled` is set)."""
-        with self._tracing.span("decode.batch", {PDSERVE_REQUEST_ID: request.request_id}):
-            for token_id in DECODE_TOKENS:
-                await context.write(decode_pb2.DecodeResponse(token_ids=[token_id]))
-                if request.request_id == "hang":
+    async def DecodeStream(
+        self, request_iterator: AsyncIterator[decode_pb2.DecodeStreamRequest], context: Context
+    ) -> AsyncIterator[decode_pb2.DecodeStreamResponse]:
+        """One request per stream here: its tokens under a "decode.batch" span in the DecodeStart's trace. Request
+        "hang" stops after one token until its stream is cancelled (then `cancelled` is set)."""
+        frame = await anext(aiter(request_iterator))
+        start = frame.start
+        with self._tracing.tracer.start_as_current_span(
+            "decode.batch",
+            context=context_from_carrier(start.trace_context),
+            attributes={PDSERVE_REQUEST_ID: start.request_id},
+        ):
+            for index, token_id in enumerate(DECODE_TOKENS):
+                message = decode_pb2.DecodeStreamResponse(
+                    keys=[start.key], num_tokens=[1], token_ids=[token_id], num_logprobs=[0]
+                )
+                if index == len(DECODE_TOKENS) - 1:
+                    message.ends.add(key=start.key, finish_reason=sampling_pb2.FINISH_REASON_STOP)
+                yield message
+                if start.request_id == "hang":
                     try:
                         await asyncio.Event().wait()
                     finally:
@@ -126,9 +141,14 @@ class RouterLike(generation_pb2_grpc.GenerationServiceServicer):
         async for event in self._prefill.Prefill(prefill):
             if event.HasField("first_token"):
                 yield generation_pb2.GenerateResponse(request_id=request_id, token_ids=[event.first_token.token_id])
-        decode = decode_pb2.DecodeRequest(request_id=request_id, transfer_id=reserved.kv_target.transfer_id)
-        async for step in self._decode.Decode(decode):
+        start = decode_pb2.DecodeStart(
+            key=1, request_id=request_id, transfer_id=reserved.kv_target.transfer_id, trace_context=context_carrier()
+        )
+        stream = self._decode.DecodeStream(iter([decode_pb2.DecodeStreamRequest(start=start)]))
+        async for step in stream:
             yield generation_pb2.GenerateResponse(request_id=request_id, token_ids=list(step.token_ids))
+            if step.ends:
+                break
         set_attributes({GEN_AI_USAGE_OUTPUT_TOKENS: 1 + len(DECODE_TOKENS), GEN_AI_RESPONSE_FINISH_REASONS: ["stop"]})
 
     async def GetModelInfo(

@@ -19,11 +19,11 @@ def _runtime() -> Any:
 
 def test_engine_failure_ends_serving_within_a_check_period() -> None:
     async def scenario() -> bool:
-        runtime, worker = _runtime(), SimpleNamespace(engine_failed=False)
-        serving = asyncio.create_task(_serve_until_stopping(runtime, worker))
+        runtime, front = _runtime(), SimpleNamespace(engine_failed=False)
+        serving = asyncio.create_task(_serve_until_stopping(runtime, front))
         await asyncio.sleep(0.3)
         assert not serving.done()
-        worker.engine_failed = True
+        front.engine_failed = True
         return await asyncio.wait_for(serving, 1.0)
 
     assert asyncio.run(scenario()) is True
@@ -31,8 +31,8 @@ def test_engine_failure_ends_serving_within_a_check_period() -> None:
 
 def test_stopping_ends_serving_without_failure() -> None:
     async def scenario() -> bool:
-        runtime, worker = _runtime(), SimpleNamespace(engine_failed=False)
-        serving = asyncio.create_task(_serve_until_stopping(runtime, worker))
+        runtime, front = _runtime(), SimpleNamespace(engine_failed=False)
+        serving = asyncio.create_task(_serve_until_stopping(runtime, front))
         runtime.stopping.set()
         return await asyncio.wait_for(serving, 1.0)
 
@@ -51,3 +51,10 @@ def test_speculation_with_parallel_sizes_is_a_usage_error_naming_the_field(capsy
         parse_pod_config("decode", argv, with_receiver=True, environ={})
     assert exc.value.code == 2
     assert "speculative_config: runs on one device only" in capsys.readouterr().err
+
+
+def test_the_in_process_backend_is_a_usage_error_for_pods(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_pod_config("decode", ["--kv-transfer-backend", "in_process"], with_receiver=True, environ={})
+    assert exc.value.code == 2
+    assert "--kv-transfer-backend: in_process moves KV within one process" in capsys.readouterr().err

@@ -42,7 +42,7 @@ class CallerGoneContext:
         raise ConnectionError("sending the status failed: the call is over")
 
 
-class FailingWorker:
+class FailingFront:
     async def prefill(self, *args: object) -> AsyncIterator[object]:
         raise TransferAbortedError("KV transfer 't' ended aborted")
         yield
@@ -63,7 +63,7 @@ async def run_through_interceptor(behavior: Any, request: object, context: Calle
 
 async def test_a_transfer_error_is_aborted_once() -> None:
     servicer = PrefillServicer()
-    servicer.worker = FailingWorker()  # type: ignore[assignment]
+    servicer.front = FailingFront()  # type: ignore[assignment]
     request = prefill_pb2.PrefillRequest(
         request_id="r1",
         prompt_token_ids=[1, 2],

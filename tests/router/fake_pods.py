@@ -120,7 +120,8 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
 
 @dataclass
 class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
-    """Reserves blocks, then streams `steps` (token ids, finish reason, stop token id) one per `step_delay_s`."""
+    """Reserves blocks, then streams each DecodeStart's `steps` (token ids, finish reason, stop token id) on its
+    DecodeStream, one per `step_delay_s`."""
 
     pod_id: str = "decode"
     steps: Sequence[tuple[Sequence[int], int, int | None]] = ()
@@ -129,37 +130,65 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     """What Reserve's KV targets name (the registry lists every fake pod as generation 1)."""
     reserve_fail: Exception | None = None
     fail_after_steps: int | None = None
-    """Decode streams that many steps, then fails with `fail` (as the pod dying mid-stream would)."""
+    """A request streams that many steps, then the whole DecodeStream fails with `fail` (the pod dying)."""
     fail: Exception = field(default_factory=lambda: UnavailableError("Socket closed"))
     decode_gate: asyncio.Event | None = None
-    """Decode waits (bounded) for it before streaming; `gate_results` records whether it was set in time."""
+    """A request waits (bounded) for it before streaming; `gate_results` records whether it was set in time."""
     reserves: list[decode_pb2.ReserveRequest] = field(default_factory=list)
-    decodes: list[decode_pb2.DecodeRequest] = field(default_factory=list)
+    decodes: list[decode_pb2.DecodeStart] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
     gate_results: list[bool] = field(default_factory=list)
-    time_remaining: list[float | None] = field(default_factory=list)
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a request ends before its last step (a DecodeCancel, or its stream closing)."""
 
     async def Reserve(self, request: decode_pb2.ReserveRequest, context: Context) -> decode_pb2.ReserveResponse:
         self.reserves.append(request)
         if self.reserve_fail is not None:
             await abort_with(context, self.reserve_fail, field_paths={})  # as decode pods report Reserve fields
         num_blocks = -(-request.num_prompt_tokens // BLOCK_SIZE)
+        layout = kv_transfer_pb2.KVLayout(
+            dtype="float32", block_size=BLOCK_SIZE, num_layers=1, num_kv_heads=1, head_dim=8, block_nbytes=1024
+        )
         target = kv_transfer_pb2.KVTarget(
-            transfer_id=f"{self.pod_id}-t{len(self.reserves)}", backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
-            endpoint="127.0.0.1:1", block_ids=range(100, 100 + num_blocks),
-            layout=kv_transfer_pb2.KVLayout(dtype="float32", block_size=BLOCK_SIZE, num_layers=1, num_kv_heads=1,
-                                            head_dim=8, block_nbytes=1024), generation=self.generation,
-        )  # fmt: skip
+            transfer_id=f"{self.pod_id}-t{len(self.reserves)}",
+            backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
+            endpoint="127.0.0.1:1",
+            block_ids=range(100, 100 + num_blocks),
+            layout=layout,
+            generation=self.generation,
+        )
         return decode_pb2.ReserveResponse(kv_target=target, lease=_duration(10.0))
 
-    async def Decode(
-        self, request: decode_pb2.DecodeRequest, context: Context
-    ) -> AsyncIterator[decode_pb2.DecodeResponse]:
-        self.decodes.append(request)
-        self.time_remaining.append(context.time_remaining())
-        self.entered.set()
+    async def DecodeStream(
+        self, request_iterator: AsyncIterator[decode_pb2.DecodeStreamRequest], context: Context
+    ) -> AsyncIterator[decode_pb2.DecodeStreamResponse]:
+        outbox: asyncio.Queue[decode_pb2.DecodeStreamResponse | Exception] = asyncio.Queue()
+        requests: dict[int, asyncio.Task[None]] = {}
+
+        async def read() -> None:
+            async for frame in request_iterator:
+                if frame.HasField("start"):
+                    self.decodes.append(frame.start)
+                    self.entered.set()
+                    requests[frame.start.key] = asyncio.create_task(self._stream(frame.start, outbox))
+                elif (task := requests.pop(frame.cancel.key, None)) is not None:
+                    task.cancel()
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                message = await outbox.get()
+                if isinstance(message, Exception):
+                    await abort_with(context, message)
+                yield message
+        finally:
+            for task in [reader, *requests.values()]:
+                task.cancel()
+
+    async def _stream(
+        self, start: decode_pb2.DecodeStart, outbox: asyncio.Queue[decode_pb2.DecodeStreamResponse | Exception]
+    ) -> None:
         ended = False
         try:
             if self.decode_gate is not None:
@@ -167,17 +196,22 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             for index, (token_ids, finish_reason, stop_token_id) in enumerate(self.steps):
                 if index == self.fail_after_steps:
                     ended = True
-                    await abort_with(context, self.fail)
+                    outbox.put_nowait(self.fail)
+                    return
                 if self.step_delay_s:
                     await asyncio.sleep(self.step_delay_s)
-                stop = None if stop_token_id is None else sampling_pb2.StopReason(stop_token_id=stop_token_id)
-                logprobs = [-1.0] * len(token_ids) if request.sampling_params.logprobs else []
-                yield decode_pb2.DecodeResponse(
+                num_logprobs = len(token_ids) if start.sampling_params.logprobs else 0
+                message = decode_pb2.DecodeStreamResponse(
+                    keys=[start.key],
+                    num_tokens=[len(token_ids)],
                     token_ids=token_ids,
-                    logprobs=logprobs,
-                    finish_reason=finish_reason,
-                    stop_reason=stop,  # type: ignore[arg-type]
+                    num_logprobs=[num_logprobs],
+                    logprobs=[-1.0] * num_logprobs,
                 )
+                if finish_reason:
+                    stop = None if stop_token_id is None else sampling_pb2.StopReason(stop_token_id=stop_token_id)
+                    message.ends.add(key=start.key, finish_reason=finish_reason, stop_reason=stop)  # type: ignore[arg-type]
+                outbox.put_nowait(message)
             ended = True
         finally:
             if not ended:

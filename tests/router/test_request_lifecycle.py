@@ -55,7 +55,6 @@ async def test_tokens_stream_in_order_with_usage_and_metrics(
     assert (decode_request.transfer_id, decode_request.first_token_id) == ("decode-0-t1", output_ids[0])
     assert list(decode_request.prompt_token_ids) == PROMPT
     assert decode.releases == []
-    assert decode.time_remaining == [None]
 
 
 async def test_first_token_reaches_the_client_while_decode_and_transfer_are_pending(
@@ -74,10 +73,6 @@ async def test_first_token_reaches_the_client_while_decode_and_transfer_are_pend
     assert decode.gate_results == [True]
     assert [t for r in rest for t in r.token_ids] == output_ids[1:4]
     assert rest[-1].metrics.kv_transfer_bytes == 4096
-    (remaining,) = decode.time_remaining
-    # NOTE: the client's 30 s deadline reaches the decode pod; gRPC rounds a timeout up as it encodes it on the wire
-    # (grpc-timeout has at most 8 digits; C-core rounds to coarser units), so a pod may see a little over 30 s.
-    assert remaining is not None and 0 < remaining <= 30.5
 
 
 async def test_stop_string_spanning_tokens_cuts_the_text_and_cancels_decode(

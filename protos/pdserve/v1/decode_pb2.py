@@ -23,29 +23,40 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 from pdserve.v1 import sampling_pb2 as pdserve_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cpdserve/v1/kv_transfer.proto\x1a\x19pdserve/v1/sampling.proto\"S\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\"d\n\x0fReserveResponse\x12\'\n\tkv_target\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc7\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x04 \x01(\r\x12\x33\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x93\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x04 \x01(\x0b\x32\x16.pdserve.v1.StopReason\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse2\xda\x01\n\rDecodeService\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1a.pdserve.v1.DecodeResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\x1a\x1cpdserve/v1/kv_transfer.proto\x1a\x19pdserve/v1/sampling.proto\"S\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\"d\n\x0fReserveResponse\x12\'\n\tkv_target\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"t\n\x13\x44\x65\x63odeStreamRequest\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.pdserve.v1.DecodeStartH\x00\x12*\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.DecodeCancelH\x00\x42\x07\n\x05\x66rame\"\xc9\x02\n\x0b\x44\x65\x63odeStart\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\x12\x33\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x00\x88\x01\x01\x12@\n\rtrace_context\x18\x08 \x03(\x0b\x32).pdserve.v1.DecodeStart.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_cache_salt\"\x1b\n\x0c\x44\x65\x63odeCancel\x12\x0b\n\x03key\x18\x01 \x01(\x04\"\x98\x01\n\x14\x44\x65\x63odeStreamResponse\x12\x0c\n\x04keys\x18\x01 \x03(\x04\x12\x12\n\nnum_tokens\x18\x02 \x03(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x14\n\x0cnum_logprobs\x18\x04 \x03(\r\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12#\n\x04\x65nds\x18\x06 \x03(\x0b\x32\x15.pdserve.v1.DecodeEnd\"\x99\x01\n\tDecodeEnd\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12/\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x03 \x01(\x0b\x32\x16.pdserve.v1.StopReason\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.Status\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse2\xee\x01\n\rDecodeService\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12U\n\x0c\x44\x65\x63odeStream\x12\x1f.pdserve.v1.DecodeStreamRequest\x1a .pdserve.v1.DecodeStreamResponse(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESERVEREQUEST']._serialized_start=128
-  _globals['_RESERVEREQUEST']._serialized_end=211
-  _globals['_RESERVERESPONSE']._serialized_start=213
-  _globals['_RESERVERESPONSE']._serialized_end=313
-  _globals['_DECODEREQUEST']._serialized_start=316
-  _globals['_DECODEREQUEST']._serialized_end=515
-  _globals['_DECODERESPONSE']._serialized_start=518
-  _globals['_DECODERESPONSE']._serialized_end=665
-  _globals['_RELEASEREQUEST']._serialized_start=667
-  _globals['_RELEASEREQUEST']._serialized_end=704
-  _globals['_RELEASERESPONSE']._serialized_start=706
-  _globals['_RELEASERESPONSE']._serialized_end=723
-  _globals['_DECODESERVICE']._serialized_start=726
-  _globals['_DECODESERVICE']._serialized_end=944
+  _globals['_DECODESTART_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_DECODESTART_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_RESERVEREQUEST']._serialized_start=153
+  _globals['_RESERVEREQUEST']._serialized_end=236
+  _globals['_RESERVERESPONSE']._serialized_start=238
+  _globals['_RESERVERESPONSE']._serialized_end=338
+  _globals['_DECODESTREAMREQUEST']._serialized_start=340
+  _globals['_DECODESTREAMREQUEST']._serialized_end=456
+  _globals['_DECODESTART']._serialized_start=459
+  _globals['_DECODESTART']._serialized_end=788
+  _globals['_DECODESTART_TRACECONTEXTENTRY']._serialized_start=722
+  _globals['_DECODESTART_TRACECONTEXTENTRY']._serialized_end=773
+  _globals['_DECODECANCEL']._serialized_start=790
+  _globals['_DECODECANCEL']._serialized_end=817
+  _globals['_DECODESTREAMRESPONSE']._serialized_start=820
+  _globals['_DECODESTREAMRESPONSE']._serialized_end=972
+  _globals['_DECODEEND']._serialized_start=975
+  _globals['_DECODEEND']._serialized_end=1128
+  _globals['_RELEASEREQUEST']._serialized_start=1130
+  _globals['_RELEASEREQUEST']._serialized_end=1167
+  _globals['_RELEASERESPONSE']._serialized_start=1169
+  _globals['_RELEASERESPONSE']._serialized_end=1186
+  _globals['_DECODESERVICE']._serialized_start=1189
+  _globals['_DECODESERVICE']._serialized_end=1427
 # @@protoc_insertion_point(module_scope)

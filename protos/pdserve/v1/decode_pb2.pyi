@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.rpc import status_pb2 as _status_pb2
 from pdserve.v1 import kv_transfer_pb2 as _kv_transfer_pb2
 from pdserve.v1 import sampling_pb2 as _sampling_pb2
 import builtins as _builtins
@@ -82,17 +83,73 @@ class ReserveResponse(_message.Message):
 Global___ReserveResponse: _TypeAlias = ReserveResponse  # noqa: Y015
 
 @_typing.final
-class DecodeRequest(_message.Message):
-    """Request of DecodeService.Decode."""
+class DecodeStreamRequest(_message.Message):
+    """One message of a router's DecodeStream: a request to start or one to cancel."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___DecodeStart:
+        """Decode a request whose prompt KV a prefill pod is writing into a reservation."""
+
+    @_builtins.property
+    def cancel(self) -> Global___DecodeCancel:
+        """Stop decoding a request (the router matched a stop string, or its client went away)."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___DecodeStart | None = ...,
+        cancel: Global___DecodeCancel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "frame", b"frame", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "frame", b"frame", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
+
+Global___DecodeStreamRequest: _TypeAlias = DecodeStreamRequest  # noqa: Y015
+
+@_typing.final
+class DecodeStart(_message.Message):
+    """Starts decoding one request on a DecodeStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    KEY_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TRANSFER_ID_FIELD_NUMBER: _builtins.int
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_ID_FIELD_NUMBER: _builtins.int
     SAMPLING_PARAMS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    key: _builtins.int
+    """The router's handle of the request on this stream: unique among the stream's open requests."""
     request_id: _builtins.str
     """The request's id, for logs and traces."""
     transfer_id: _builtins.str
@@ -107,71 +164,157 @@ class DecodeRequest(_message.Message):
 
     @_builtins.property
     def sampling_params(self) -> _sampling_pb2.SamplingParams:
-        """How to sample. n must be unset or 1; stop strings are not checked here (the router checks
-        them and cancels the call on a match).
+        """How to sample. n must be unset or 1; max_tokens at least 2; stop strings are not checked here
+        (the router checks them and cancels the request on a match).
+        """
+
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The request's W3C trace context (traceparent, tracestate): the pod's spans of the request continue
+        that trace (the stream itself is shared by many requests, so its call carries none).
         """
 
     def __init__(
         self,
         *,
+        key: _builtins.int = ...,
         request_id: _builtins.str = ...,
         transfer_id: _builtins.str = ...,
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         first_token_id: _builtins.int = ...,
         sampling_params: _sampling_pb2.SamplingParams | None = ...,
         cache_salt: _builtins.str | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "sampling_params", b"sampling_params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "first_token_id", b"first_token_id", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling_params", b"sampling_params", "transfer_id", b"transfer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "first_token_id", b"first_token_id", "key", b"key", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling_params", b"sampling_params", "trace_context", b"trace_context", "transfer_id", b"transfer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cache_salt: _TypeAlias = _typing.Literal["cache_salt"]  # noqa: Y015
     _WhichOneofArgType__cache_salt: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cache_salt) -> _WhichOneofReturnType__cache_salt | None: ...
 
-Global___DecodeRequest: _TypeAlias = DecodeRequest  # noqa: Y015
+Global___DecodeStart: _TypeAlias = DecodeStart  # noqa: Y015
 
 @_typing.final
-class DecodeResponse(_message.Message):
-    """One step of a Decode stream."""
+class DecodeCancel(_message.Message):
+    """Cancels one request of a DecodeStream; a key that is not open is ignored."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.int
+    """The request's key (DecodeStart.key)."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecodeCancel: _TypeAlias = DecodeCancel  # noqa: Y015
+
+@_typing.final
+class DecodeStreamResponse(_message.Message):
+    """One engine step's tokens (or several steps', merged) for the requests of a DecodeStream.
+    Entry i says that request keys[i] produced num_tokens[i] tokens, the next num_tokens[i] of
+    token_ids, with the next num_logprobs[i] of logprobs (num_tokens[i] if the request asked for
+    logprobs, else 0). A key may appear in several entries of one merged message, in order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    NUM_LOGPROBS_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
-    FINISH_REASON_FIELD_NUMBER: _builtins.int
-    STOP_REASON_FIELD_NUMBER: _builtins.int
-    finish_reason: _sampling_pb2.FinishReason.ValueType
-    """Set on the stream's last message; FINISH_REASON_UNSPECIFIED before."""
+    ENDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The request of each entry (DecodeStart.key)."""
+
+    @_builtins.property
+    def num_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """How many tokens each entry carries."""
+
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Token ids generated in this step."""
+        """The entries' token ids, concatenated in entry order."""
+
+    @_builtins.property
+    def num_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """How many log probabilities each entry carries."""
 
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Log probability of each token in token_ids, in the same order; empty unless
-        sampling_params.logprobs is set.
-        """
+        """The entries' log probabilities, concatenated in entry order."""
 
     @_builtins.property
-    def stop_reason(self) -> _sampling_pb2.StopReason:
-        """What matched, when finish_reason is FINISH_REASON_STOP."""
+    def ends(self) -> _containers.RepeatedCompositeFieldContainer[Global___DecodeEnd]:
+        """Requests that ended, each after its last tokens (in this message or an earlier one)."""
 
     def __init__(
         self,
         *,
+        keys: _abc.Iterable[_builtins.int] | None = ...,
+        num_tokens: _abc.Iterable[_builtins.int] | None = ...,
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        num_logprobs: _abc.Iterable[_builtins.int] | None = ...,
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
-        finish_reason: _sampling_pb2.FinishReason.ValueType = ...,
-        stop_reason: _sampling_pb2.StopReason | None = ...,
+        ends: _abc.Iterable[Global___DecodeEnd] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stop_reason", b"stop_reason"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "stop_reason", b"stop_reason", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends", b"ends", "keys", b"keys", "logprobs", b"logprobs", "num_logprobs", b"num_logprobs", "num_tokens", b"num_tokens", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___DecodeResponse: _TypeAlias = DecodeResponse  # noqa: Y015
+Global___DecodeStreamResponse: _TypeAlias = DecodeStreamResponse  # noqa: Y015
+
+@_typing.final
+class DecodeEnd(_message.Message):
+    """The end of one request of a DecodeStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    key: _builtins.int
+    """The request's key (DecodeStart.key)."""
+    finish_reason: _sampling_pb2.FinishReason.ValueType
+    """Why it finished; FINISH_REASON_UNSPECIFIED when it failed (see error)."""
+    @_builtins.property
+    def stop_reason(self) -> _sampling_pb2.StopReason:
+        """What matched, when finish_reason is FINISH_REASON_STOP."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Set when the request failed: the status its own call would have ended with, with the same
+        google.rpc details (BadRequest, RetryInfo).
+        """
+
+    def __init__(
+        self,
+        *,
+        key: _builtins.int = ...,
+        finish_reason: _sampling_pb2.FinishReason.ValueType = ...,
+        stop_reason: _sampling_pb2.StopReason | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "stop_reason", b"stop_reason"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "key", b"key", "stop_reason", b"stop_reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecodeEnd: _TypeAlias = DecodeEnd  # noqa: Y015
 
 @_typing.final
 class ReleaseRequest(_message.Message):

@@ -41,10 +41,10 @@ class DecodeServiceStub:
                 request_serializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_decode__pb2.ReserveResponse.FromString,
                 _registered_method=True)
-        self.Decode = channel.unary_stream(
-                '/pdserve.v1.DecodeService/Decode',
-                request_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeResponse.FromString,
+        self.DecodeStream = channel.stream_stream(
+                '/pdserve.v1.DecodeService/DecodeStream',
+                request_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeStreamRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeStreamResponse.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/pdserve.v1.DecodeService/Release',
@@ -60,19 +60,24 @@ class DecodeServiceServicer:
 
     def Reserve(self, request, context):
         """Reserves the KV blocks of a request's prompt and names where a prefill pod must write them.
-        The reservation lapses (its blocks are freed) unless Decode claims it within the lease.
+        The reservation lapses (its blocks are freed) unless a DecodeStart claims it within the lease.
         No free blocks: RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Decode(self, request, context):
-        """Waits until every block of the transfer has arrived, admits the request into the running
-        batch with its prompt KV already computed, and streams tokens from the second one on.
-        Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
-        claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
-        lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
+    def DecodeStream(self, request_iterator, context):
+        """One stream per router and decode pod carries every request that router decodes on the pod.
+        The router sends a DecodeStart per request: the pod waits until every block of its transfer
+        has arrived, admits it into the running batch with its prompt KV already computed, and
+        decodes from the second token on. The pod sends one DecodeStreamResponse per engine step with
+        the tokens each of the stream's requests produced in it (several steps in one message when
+        the router reads slower than the engine steps), and each request's end: its finish reason, or
+        the error that failed it (INVALID_ARGUMENT naming the field; an unknown or already claimed
+        transfer NOT_FOUND; a transfer that ended without all its blocks, failed, lapsed, aborted or
+        released, ABORTED; either way the reservation is freed). A DecodeCancel ends a request early
+        and frees its blocks (no end follows). The stream ending, however, ends every request on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,10 +99,10 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     request_deserializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_decode__pb2.ReserveResponse.SerializeToString,
             ),
-            'Decode': grpc.unary_stream_rpc_method_handler(
-                    servicer.Decode,
-                    request_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.FromString,
-                    response_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeResponse.SerializeToString,
+            'DecodeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeStream,
+                    request_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeStreamRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeStreamResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -145,7 +150,7 @@ class DecodeService:
             _registered_method=True)
 
     @staticmethod
-    def Decode(request,
+    def DecodeStream(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -155,12 +160,12 @@ class DecodeService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/pdserve.v1.DecodeService/Decode',
-            pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-            pdserve_dot_v1_dot_decode__pb2.DecodeResponse.FromString,
+            '/pdserve.v1.DecodeService/DecodeStream',
+            pdserve_dot_v1_dot_decode__pb2.DecodeStreamRequest.SerializeToString,
+            pdserve_dot_v1_dot_decode__pb2.DecodeStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,15 +37,20 @@ class DecodeServiceStub:
     def __new__(cls, channel: _aio.Channel) -> DecodeServiceAsyncStub: ...
     Reserve: _grpc.UnaryUnaryMultiCallable[_decode_pb2.ReserveRequest, _decode_pb2.ReserveResponse]
     """Reserves the KV blocks of a request's prompt and names where a prefill pod must write them.
-    The reservation lapses (its blocks are freed) unless Decode claims it within the lease.
+    The reservation lapses (its blocks are freed) unless a DecodeStart claims it within the lease.
     No free blocks: RESOURCE_EXHAUSTED.
     """
-    Decode: _grpc.UnaryStreamMultiCallable[_decode_pb2.DecodeRequest, _decode_pb2.DecodeResponse]
-    """Waits until every block of the transfer has arrived, admits the request into the running
-    batch with its prompt KV already computed, and streams tokens from the second one on.
-    Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
-    claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
-    lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
+    DecodeStream: _grpc.StreamStreamMultiCallable[_decode_pb2.DecodeStreamRequest, _decode_pb2.DecodeStreamResponse]
+    """One stream per router and decode pod carries every request that router decodes on the pod.
+    The router sends a DecodeStart per request: the pod waits until every block of its transfer
+    has arrived, admits it into the running batch with its prompt KV already computed, and
+    decodes from the second token on. The pod sends one DecodeStreamResponse per engine step with
+    the tokens each of the stream's requests produced in it (several steps in one message when
+    the router reads slower than the engine steps), and each request's end: its finish reason, or
+    the error that failed it (INVALID_ARGUMENT naming the field; an unknown or already claimed
+    transfer NOT_FOUND; a transfer that ended without all its blocks, failed, lapsed, aborted or
+    released, ABORTED; either way the reservation is freed). A DecodeCancel ends a request early
+    and frees its blocks (no end follows). The stream ending, however, ends every request on it.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_decode_pb2.ReleaseRequest, _decode_pb2.ReleaseResponse]
     """Frees a reservation at once (the first token already ended the request). Releasing an unknown,
@@ -61,15 +66,20 @@ class DecodeServiceAsyncStub(DecodeServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Reserve: _aio.UnaryUnaryMultiCallable[_decode_pb2.ReserveRequest, _decode_pb2.ReserveResponse]  # type: ignore[assignment]
     """Reserves the KV blocks of a request's prompt and names where a prefill pod must write them.
-    The reservation lapses (its blocks are freed) unless Decode claims it within the lease.
+    The reservation lapses (its blocks are freed) unless a DecodeStart claims it within the lease.
     No free blocks: RESOURCE_EXHAUSTED.
     """
-    Decode: _aio.UnaryStreamMultiCallable[_decode_pb2.DecodeRequest, _decode_pb2.DecodeResponse]  # type: ignore[assignment]
-    """Waits until every block of the transfer has arrived, admits the request into the running
-    batch with its prompt KV already computed, and streams tokens from the second one on.
-    Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
-    claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
-    lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
+    DecodeStream: _aio.StreamStreamMultiCallable[_decode_pb2.DecodeStreamRequest, _decode_pb2.DecodeStreamResponse]  # type: ignore[assignment]
+    """One stream per router and decode pod carries every request that router decodes on the pod.
+    The router sends a DecodeStart per request: the pod waits until every block of its transfer
+    has arrived, admits it into the running batch with its prompt KV already computed, and
+    decodes from the second token on. The pod sends one DecodeStreamResponse per engine step with
+    the tokens each of the stream's requests produced in it (several steps in one message when
+    the router reads slower than the engine steps), and each request's end: its finish reason, or
+    the error that failed it (INVALID_ARGUMENT naming the field; an unknown or already claimed
+    transfer NOT_FOUND; a transfer that ended without all its blocks, failed, lapsed, aborted or
+    released, ABORTED; either way the reservation is freed). A DecodeCancel ends a request early
+    and frees its blocks (no end follows). The stream ending, however, ends every request on it.
     """
     Release: _aio.UnaryUnaryMultiCallable[_decode_pb2.ReleaseRequest, _decode_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Frees a reservation at once (the first token already ended the request). Releasing an unknown,
@@ -88,21 +98,26 @@ class DecodeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_decode_pb2.ReserveResponse, _abc.Awaitable[_decode_pb2.ReserveResponse]]:
         """Reserves the KV blocks of a request's prompt and names where a prefill pod must write them.
-        The reservation lapses (its blocks are freed) unless Decode claims it within the lease.
+        The reservation lapses (its blocks are freed) unless a DecodeStart claims it within the lease.
         No free blocks: RESOURCE_EXHAUSTED.
         """
 
     @_abc_1.abstractmethod
-    def Decode(
+    def DecodeStream(
         self,
-        request: _decode_pb2.DecodeRequest,
+        request_iterator: _MaybeAsyncIterator[_decode_pb2.DecodeStreamRequest],
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_decode_pb2.DecodeResponse], _abc.AsyncIterator[_decode_pb2.DecodeResponse]]:
-        """Waits until every block of the transfer has arrived, admits the request into the running
-        batch with its prompt KV already computed, and streams tokens from the second one on.
-        Cancelling the call aborts the request and frees its blocks. Errors: an unknown (or already
-        claimed) transfer -> NOT_FOUND; a transfer that ended without all its blocks (failed, lease
-        lapsed, aborted or released) -> ABORTED; either way the reservation is freed.
+    ) -> _typing.Union[_abc.Iterator[_decode_pb2.DecodeStreamResponse], _abc.AsyncIterator[_decode_pb2.DecodeStreamResponse]]:
+        """One stream per router and decode pod carries every request that router decodes on the pod.
+        The router sends a DecodeStart per request: the pod waits until every block of its transfer
+        has arrived, admits it into the running batch with its prompt KV already computed, and
+        decodes from the second token on. The pod sends one DecodeStreamResponse per engine step with
+        the tokens each of the stream's requests produced in it (several steps in one message when
+        the router reads slower than the engine steps), and each request's end: its finish reason, or
+        the error that failed it (INVALID_ARGUMENT naming the field; an unknown or already claimed
+        transfer NOT_FOUND; a transfer that ended without all its blocks, failed, lapsed, aborted or
+        released, ABORTED; either way the reservation is freed). A DecodeCancel ends a request early
+        and frees its blocks (no end follows). The stream ending, however, ends every request on it.
         """
 
     @_abc_1.abstractmethod
