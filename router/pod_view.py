@@ -143,7 +143,11 @@ class PodView:
         await self._close_departed()
         await self._probe_suspects()
         for listener in self._refresh_listeners:
-            listener()
+            try:
+                listener()
+            except Exception:
+                # NOTE: logged, not raised: a failing listener must not stop the refresh loop.
+                logger.exception("a pod view refresh listener failed")
         return True
 
     async def aclose(self) -> None:
