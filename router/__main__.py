@@ -1,10 +1,11 @@
 """`pdserve router` / `python -m router`: the public gRPC front door.
 
 Serves pdserve.v1.GenerationService (plus health and reflection; NOT_SERVING until the tokenizer
-pool is up) from a `RouterApp` (router.router_app wires the parts) and prints
-`pdserve router serving on <host:port>` once ready. SIGTERM or SIGINT: DRAINING (health NOT_SERVING,
-GetLoad DRAINING, HTTP /health 503), new Generate calls refused UNAVAILABLE with a RetryInfo, in-flight calls get
-`--drain-timeout-s` to finish (health and GetLoad answer meanwhile), then the servers stop and the process exits 0.
+pool is up and a live prefill pod and a live decode pod are registered) from a `RouterApp` (router.router_app wires
+the parts) and prints `pdserve router serving on <host:port>` once it takes calls (with no live pod yet they wait).
+SIGTERM or SIGINT: DRAINING (health NOT_SERVING, GetLoad DRAINING, HTTP /health 503), new Generate calls refused
+UNAVAILABLE with a RetryInfo, in-flight calls get `--drain-timeout-s` to finish (health and GetLoad answer
+meanwhile), then the servers stop and the process exits 0.
 Telemetry (common.telemetry_config flags): OTLP traces when an endpoint is known (else no exporter at all),
 Prometheus /metrics on `--metrics-port`.
 Security (router.security, each off unless configured): `--tls-cert/--tls-key` on the public port, `--mtls-*` to
@@ -14,7 +15,6 @@ the pods, `--auth-tokens-file` / `PDSERVE_AUTH_TOKENS` on the API.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -62,17 +62,6 @@ def parse_args(
         parser.error(str(exc))
 
 
-def freeze_startup_heap() -> None:
-    """Move every object alive now (modules, the tokenizer, the app) out of the garbage collector's reach.
-
-    NOTE: a full collection otherwise walks the whole start-up heap (transformers and its kin): ~37 ms on the 2-core
-    machine, a pause of the one event loop that, mid-burst, holds up the door's refusals. Later objects are still
-    collected, and a full collection walks only them.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 async def serve(
     config: RouterConfig, routing: RoutingConfig, telemetry: TelemetryConfig, security: RouterSecurity
 ) -> None:
@@ -81,7 +70,6 @@ async def serve(
     grace_s: float | None = None
     try:
         await app.start()
-        freeze_startup_heap()
         print(f"pdserve router serving on {config.host}:{app.port}", flush=True)
         await app.stopping.wait()
         logger.info("draining: refusing new calls, %.0f s for in-flight ones", config.drain_timeout_s)

@@ -1,54 +1,47 @@
-"""The router's admission control: how many Generate calls may wait for a first token, and per client.
+"""The router's admission control: which Generate calls are refused, which wait, and for how long.
 
-A gRPC call is checked at the door (`enter`, by router.admission_interceptor before the call is even parsed: is the
-router draining, is its queue full) and, let in, holds a place in the queue (a `DoorPass`, in the call's context:
-DOOR_PASS) until it is admitted, so that a burst of calls fills the queue at the door and the rest are refused
-there, at once, instead of after tokenizing. Every call (HTTP ones too) is checked again on arrival in the lifecycle
-(`check`: the same, plus the client's streams, so that a refusal costs no tokenizing), and admitted once its prompt
-is tokenized, before any pod is asked for anything (`gate`: the pass is given back as the call is counted in):
-0. while the router drains, every new call ends UNAVAILABLE with a RetryInfo of DRAIN_RETRY_S;
-1. the limits of RouterConfig apply, the queue limits per live prefill pod (a cluster with more prefill pods
-   drains faster): requests waiting for their first token, their prompt tokens, and streams per client;
-   beyond any, the call ends RESOURCE_EXHAUSTED with a RetryInfo of the queue's drain time (pod.admission);
-2. its first chunk (the first token) takes it out of the queue;
-3. the stream's end, however it ends, closes its client's stream.
+Every call (gRPC and HTTP alike) goes through it, from the request lifecycle (router.request_lifecycle):
+1. `enter(client_id, timeout_s)` on arrival, before tokenizing: refused at once, UNAVAILABLE + RetryInfo of
+   DRAIN_RETRY_S while the router drains; RESOURCE_EXHAUSTED + RetryInfo when its client holds
+   `max_streams_per_client` streams, when `max_queued_requests` calls are already queued in the router (a bound on
+   the memory they hold), or when the queue's predicted wait exceeds `max_queue_wait_s` or the call's own deadline
+   (it could not be served in time). Otherwise the call is queued (router.admission_state) and gets its ticket.
+2. `admit(ticket, ...)` once tokenized: the call is sent on to the pods as soon as a live prefill and a live decode
+   pod are known and the calls in flight (sent on, first token not yet back) leave room for it, per live prefill
+   pod `max_waiting_requests_per_prefill_pod` calls and `max_queued_prompt_tokens_per_prefill_pod` prompt tokens.
+   Until then it waits in the wait queue (router.wait_queue), in arrival order, at most `max_queue_wait_s` (and its
+   own deadline); past that it ends RESOURCE_EXHAUSTED + RetryInfo (UNAVAILABLE + RetryInfo while no pod of a role
+   is live).
+3. A completion already sent on that finds every decode pod out of KV blocks, or no live pod, waits in the same
+   queue (`wait_for_room`, in its call's arrival order, so ahead of later calls) for capacity to return.
+4. `start(ticket)` on its first token, `leave(ticket)` at its end, however it ends.
+Capacity may return (the queue is woken) when the pod view reads the registry (`on_pods_refreshed`: new pods, more
+free KV blocks), when a call gets its first token, and when one ends.
+The predicted wait is the first tokens that must come before a new call is sent on over the rate they came at in
+the last 10 s; with no such rate (nothing drained lately, e.g. at start-up, or no live pod) a new call is not
+refused for its predicted wait: it waits, bounded by `max_queue_wait_s`. RetryInfo delays are the predicted wait
+within [MIN_RETRY_S, max_retry_s] (`max_retry_s` while it is unknown).
 A client is the value of the call's `x-client-id` metadata key, else its peer address without the port.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
-from contextlib import aclosing
-from contextvars import ContextVar
-from typing import TypeVar
+from collections.abc import Callable, Iterable
 
-from common.errors import UnavailableError
-from pod.admission import Admission, AdmissionLimits
+from common.errors import PdserveError, ResourceExhaustedError, UnavailableError
+from common.pod_registry import PodRole
+from router.admission_state import AdmissionState, Stage, Ticket
 from router.config import RouterConfig
+from router.wait_queue import WaitQueue, WaitTimedOut
 
 CLIENT_ID_KEY = "x-client-id"
 DRAIN_RETRY_S = 1.0
 """The RetryInfo delay of a call refused while the router drains (another router, or this one's successor, serves
 the retry)."""
-T = TypeVar("T")
-
-
-class DoorPass:
-    """The place in the queue a call let in at the door holds until it is admitted or ends (`release`, idempotent)."""
-
-    def __init__(self, admission: Admission) -> None:
-        self._admission = admission
-        self.held = True
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self._admission.release_hold()
-
-
-DOOR_PASS: ContextVar[DoorPass | None] = ContextVar("door_pass", default=None)
-"""The pass of the call being served, set by the door (router.admission_interceptor) around its handler."""
+MIN_RETRY_S = 0.05
+"""The shortest RetryInfo delay a refusal advertises."""
+_ROLES: tuple[PodRole, ...] = ("prefill", "decode")
 
 
 def client_id(metadata: Iterable[tuple[str, str | bytes]], peer: str) -> str:
@@ -61,66 +54,147 @@ def client_id(metadata: Iterable[tuple[str, str | bytes]], peer: str) -> str:
 
 
 class RouterAdmission:
-    """Admission over this router's Generate calls; `num_prefill_pods()` counts the live prefill pods, `draining()`
-    says whether the router drains."""
+    """Admission over this router's Generate calls (see the module docstring); `num_live_pods(role)` counts the live
+    (not draining) pods of a role, `draining()` says whether the router drains."""
 
     def __init__(
         self,
         config: RouterConfig,
-        num_prefill_pods: Callable[[], int],
+        num_live_pods: Callable[[PodRole], int],
         draining: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._per_pod = AdmissionLimits(
-            config.max_waiting_requests_per_prefill_pod,
-            config.max_queued_prompt_tokens_per_prefill_pod,
-            config.max_streams_per_client,
-            max_retry_s=config.max_retry_s,
-        )
-        self._num_prefill_pods = num_prefill_pods
+        self._config = config
+        self._num_live_pods = num_live_pods
         self._draining = draining
-        self.admission = Admission(self._per_pod, clock)
+        self._clock = clock
+        self.state = AdmissionState(clock)
+        """The counts admission decides on."""
+        self._queue = WaitQueue(clock)
+        self._num_capacity_events = 0
+        """Registry reads and calls ended so far: a waiter for room waits for the next one."""
 
-    def limits(self) -> AdmissionLimits:
-        """The limits now: the queue limits times the live prefill pods (at least one)."""
-        return self._per_pod.scaled(max(self._num_prefill_pods(), 1))
+    @property
+    def num_waiting(self) -> int:
+        """Calls and completions waiting in the wait queue now."""
+        return len(self._queue)
 
-    def enter(self) -> DoorPass:
-        """A place in the queue for a new call, whoever sent it and whatever its prompt; UnavailableError while the
-        router drains, ResourceExhaustedError while the queue (waiting calls and held places) is full."""
-        self._check_draining()
-        self.admission.hold(self.limits())
-        return DoorPass(self.admission)
-
-    def filling(self) -> bool:
-        """Whether a quarter of the queue's places or more are taken (waiting calls and held places)."""
-        limit = self.limits().max_waiting_requests
-        return bool(limit) and self.admission.num_waiting + self.admission.num_held >= limit / 4
-
-    def check(self, client: str | None) -> None:
-        """As `enter` (not counting the calling call's own pass), and ResourceExhaustedError if `client` holds as
-        many streams as it may."""
-        self._check_draining()
-        door_pass = DOOR_PASS.get()
-        self.admission.check(client, 0, self.limits(), holds_place=door_pass is not None and door_pass.held)
-
-    async def gate(
-        self, chunks: AsyncGenerator[T, None], client: str, num_prompt_tokens: int
-    ) -> AsyncGenerator[T, None]:
-        """`chunks`, admitted first (ResourceExhaustedError before any is asked for), counted as waiting until the
-        first one arrives and as one of `client`'s streams until the end; the call's door pass is given back first."""
-        door_pass = DOOR_PASS.get()
-        if door_pass is not None:
-            door_pass.release()
-        ticket = self.admission.admit(client, num_prompt_tokens, self.limits())
-        try:
-            async with aclosing(chunks) as admitted:
-                async for chunk in admitted:
-                    self.admission.start(ticket)
-                    yield chunk
-        finally:
-            self.admission.finish(ticket)
-
-    def _check_draining(self) -> None:
+    def enter(self, client_id: str, timeout_s: float | None) -> Ticket:
+        """The ticket of a new call, queued; raises UnavailableError or ResourceExhaustedError as the module
+        docstring says. `timeout_s`: the time left to the call's deadline (None: none)."""
         if self._draining():
             raise UnavailableError("draining: this router takes no new calls", retry_after_s=DRAIN_RETRY_S)
+        config, state = self._config, self.state
+        wait_s = self.predicted_wait_s()
+        num_streams, max_streams = state.num_streams(client_id), config.max_streams_per_client
+        reason = None
+        if max_streams and num_streams >= max_streams:
+            reason = f"client {client_id!r} has {num_streams} streams open (limit {max_streams})"
+        elif config.max_queued_requests and state.num_queued >= config.max_queued_requests:
+            reason = f"{state.num_queued} requests queued in the router (limit {config.max_queued_requests})"
+        elif wait_s is not None and wait_s > config.max_queue_wait_s:
+            reason = f"the router's queue would take {wait_s:.1f} s (bound {config.max_queue_wait_s:g} s)"
+        elif wait_s is not None and timeout_s is not None and wait_s > timeout_s:
+            reason = f"the router's queue would take {wait_s:.1f} s, past the call's deadline in {timeout_s:.1f} s"
+        if reason is not None:
+            raise ResourceExhaustedError(f"overloaded: {reason}", retry_after_s=self._retry_after_s(wait_s))
+        return state.enter(client_id)
+
+    async def admit(self, ticket: Ticket, num_prompt_tokens: int, arrival: float, deadline: float | None) -> None:
+        """Send the call on (its ticket in flight) once there is room, waiting in the queue until then (see the
+        module docstring); `arrival` orders it, `deadline` (a clock time; None: none) bounds its wait as
+        `max_queue_wait_s` does."""
+
+        def take() -> bool:
+            if not self._has_room(num_prompt_tokens):
+                return False
+            self.state.send(ticket, num_prompt_tokens)
+            return True
+
+        joined = self._clock()
+        try:
+            await self._queue.wait(arrival, self._wait_deadline(deadline), take)
+        except WaitTimedOut:
+            raise self._timed_out(self._clock() - joined) from None
+
+    async def wait_for_room(self, arrival: float, deadline: float | None, has_room: Callable[[], bool]) -> None:
+        """For a completion already sent on that found every decode pod full, or no live pod: wait in the queue, in
+        the order of its call's `arrival`, until the pods were read again or a call ended since, and `has_room()`.
+        Raises WaitTimedOut at `deadline` or after `max_queue_wait_s`, whichever comes first."""
+        seen = self._num_capacity_events
+
+        def take() -> bool:
+            return self._num_capacity_events > seen and has_room()
+
+        await self._queue.wait(arrival, self._wait_deadline(deadline), take)
+
+    def start(self, ticket: Ticket) -> None:
+        """The call got its first token (a no-op after the first): its place in flight is free."""
+        if ticket.stage is Stage.IN_FLIGHT:
+            self.state.start(ticket)
+            self._queue.wake()
+
+    def leave(self, ticket: Ticket) -> None:
+        """The call ended, however (a no-op after the first)."""
+        if ticket.stage is not Stage.LEFT:
+            self.state.leave(ticket)
+            self._capacity_may_have_returned()
+
+    def on_pods_refreshed(self) -> None:
+        """The pod view read the registry: pods may have come, or freed KV blocks."""
+        self._capacity_may_have_returned()
+
+    def predicted_wait_s(self) -> float | None:
+        """How long a call arriving now would wait to be sent on: 0 while there is room in flight, else the first
+        tokens due before it over their recent rate; None while that rate is unknown or no pod is live."""
+        if not self._pods_live():
+            return None
+        state = self.state
+        limit = self._config.max_waiting_requests_per_prefill_pod * self._num_live_pods("prefill")
+        num_ahead = state.num_in_flight + state.num_queued + 1 - limit if limit else 0
+        if num_ahead <= 0:
+            return 0.0
+        return state.seconds_to_drain(num_ahead)
+
+    def retry_after_s(self) -> float:
+        """The RetryInfo delay of a refusal now: the predicted wait within [MIN_RETRY_S, max_retry_s]."""
+        return self._retry_after_s(self.predicted_wait_s())
+
+    def _retry_after_s(self, wait_s: float | None) -> float:
+        if wait_s is None:
+            return self._config.max_retry_s
+        return min(max(wait_s, MIN_RETRY_S), self._config.max_retry_s)
+
+    def _has_room(self, num_prompt_tokens: int) -> bool:
+        """Whether a call of `num_prompt_tokens` may be sent on now."""
+        if not self._pods_live():
+            return False
+        num_prefill_pods = self._num_live_pods("prefill")
+        state, config = self.state, self._config
+        max_calls = config.max_waiting_requests_per_prefill_pod * num_prefill_pods
+        if max_calls and state.num_in_flight >= max_calls:
+            return False
+        max_tokens = config.max_queued_prompt_tokens_per_prefill_pod * num_prefill_pods
+        # NOTE: a prompt over the token limit still goes when nothing is in flight, so that no prompt waits forever.
+        return not (max_tokens and state.num_in_flight and state.num_in_flight_tokens + num_prompt_tokens > max_tokens)
+
+    def _pods_live(self) -> bool:
+        return all(self._num_live_pods(role) for role in _ROLES)
+
+    def _wait_deadline(self, deadline: float | None) -> float:
+        bound = self._clock() + self._config.max_queue_wait_s
+        return bound if deadline is None else min(bound, deadline)
+
+    def _timed_out(self, waited_s: float) -> PdserveError:
+        for role in _ROLES:
+            if not self._num_live_pods(role):
+                message = f"no {role} pod is available (waited {waited_s:.1f} s)"
+                return UnavailableError(message, retry_after_s=self._config.max_retry_s)
+        return ResourceExhaustedError(
+            f"overloaded: waited {waited_s:.1f} s in the router's queue (bound {self._config.max_queue_wait_s:g} s)",
+            retry_after_s=self.retry_after_s(),
+        )
+
+    def _capacity_may_have_returned(self) -> None:
+        self._num_capacity_events += 1
+        self._queue.wake()

@@ -12,7 +12,11 @@
    ids and the detokenizer carry over, so no token is repeated or lost. `max_attempts` failed legs, or an empty
    router-wide retry budget, end the completion UNAVAILABLE with a RetryInfo.
    A decode pod out of KV blocks (`DecodePodFull`) is skipped at no cost to the budgets; when every decode pod
-   is, the completion fails with RESOURCE_EXHAUSTED.
+   is, the completion waits in the router's queue (`RouterAdmission.wait_for_room`, in its call's arrival order) until
+   one may have room (the pods were read again, or a call ended, and the router's view shows free blocks for the
+   prompt), then tries them again; past the wait's bound it fails RESOURCE_EXHAUSTED + RetryInfo.
+4. A leg about to start while no prefill or no decode pod is live (they left after the call was admitted) waits in
+   the same queue for one; past the wait's bound the completion fails UNAVAILABLE + RetryInfo.
 Leaving early (an error, or the client's cancellation cancelling this generator) closes the open leg.
 """
 
@@ -41,6 +45,7 @@ from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
 from router.routing_policy import pairable_prefill_pods, paired_decode_pods
 from router.run_context import PromptPlan, RunContext
+from router.wait_queue import WaitTimedOut
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,8 @@ class _Progress:
     time_to_first_token_s: float = 0.0
     time_to_first_decode_token_s: float | None = None
     skipped: dict[PodRole, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
+    full: set[str] = field(default_factory=set)
+    """The decode pods skipped because their Reserve found no free KV blocks (also in `skipped`)."""
 
 
 class CompletionRun:
@@ -81,6 +88,8 @@ class CompletionRun:
                 # NOTE: a leg failed after its last token but before its finish reason arrived.
                 yield self._last_chunk(DecodeStep((), (), "length"), self._detokenizer.flush(), None)
                 return
+            if not self._pods_live() or self._every_decode_pod_full():
+                await self._wait_for_room(leg_input)
             progress.num_attempts += 1
             leg = self._leg(leg_input)
             try:
@@ -183,11 +192,43 @@ class CompletionRun:
         await asyncio.sleep(backoff_s(progress.num_failures, self._ctx.rng))
 
     def _skip_full_decode_pod(self, pod_id: str) -> None:
-        skipped = self._progress.skipped["decode"]
-        skipped.add(pod_id)
-        if not [pod for pod in self._ctx.pods.pods("decode") if pod.pod_id not in skipped]:
-            raise ResourceExhaustedError("every decode pod is out of KV blocks") from None
+        self._progress.skipped["decode"].add(pod_id)
+        self._progress.full.add(pod_id)
         self._ctx.metrics.count_router_retry()
+
+    def _every_decode_pod_full(self) -> bool:
+        """Whether this completion found every live decode pod full (or failed) since it last waited for room."""
+        skipped = self._progress.skipped["decode"]
+        return bool(self._progress.full) and all(pod.pod_id in skipped for pod in self._ctx.pods.pods("decode"))
+
+    def _pods_live(self) -> bool:
+        return bool(self._ctx.pods.pods("prefill")) and bool(self._ctx.pods.pods("decode"))
+
+    async def _wait_for_room(self, leg_input: LegInput) -> None:
+        """Wait in the router's queue until both roles have a live pod and, after every decode pod was found full,
+        the router's view shows one with free blocks for the leg's prompt; the full pods are then tried again."""
+        full = self._progress.full
+        num_blocks = -(-len(leg_input.token_ids) // self._ctx.block_size)
+
+        def has_room() -> bool:
+            if not self._pods_live():
+                return False
+            load = self._ctx.load.get
+            free = (pod.num_free_blocks - load(pod.pod_id).num_reserved_blocks for pod in self._ctx.pods.pods("decode"))
+            return not full or any(num_free >= num_blocks for num_free in free)
+
+        admission = self._ctx.admission
+        try:
+            await admission.wait_for_room(self._plan.arrival, self._plan.deadline, has_room)
+        except WaitTimedOut:
+            if full and self._pods_live():
+                raise ResourceExhaustedError(
+                    "every decode pod is out of KV blocks", retry_after_s=admission.retry_after_s()
+                ) from None
+            role = "decode" if self._ctx.pods.pods("prefill") else "prefill"
+            raise UnavailableError(f"no {role} pod is available", retry_after_s=admission.retry_after_s()) from None
+        self._progress.skipped["decode"] -= full
+        full.clear()
 
     def _leg(self, leg_input: LegInput) -> CompletionLeg:
         """A new leg on the pods picked for it, in a "route" span naming them, the cached prefix and the directory's

@@ -8,6 +8,13 @@ from common.config import doc
 from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
 
+_ADMISSION_COUNTS = (
+    "max_waiting_requests_per_prefill_pod",
+    "max_queued_prompt_tokens_per_prefill_pod",
+    "max_streams_per_client",
+    "max_queued_requests",
+)
+
 
 def _require(ok: bool, field_name: str, message: str) -> None:
     if not ok:
@@ -52,18 +59,44 @@ class RouterConfig:
     )
     max_waiting_requests_per_prefill_pod: int = field(
         default=64,
-        metadata=doc("admission: requests waiting for their first token, per live prefill pod, beyond which a "
-                     "Generate call gets RESOURCE_EXHAUSTED + RetryInfo (0: no limit)"),
-    )  # fmt: skip
+        metadata=doc(
+            "admission: Generate calls in flight to the prefill pods (sent on, first token not yet back), per live "
+            "prefill pod; more wait in the router's queue (0: no limit)"
+        ),
+    )
     max_queued_prompt_tokens_per_prefill_pod: int = field(
         default=65536,
-        metadata=doc("admission: prompt tokens waiting for their first token, per live prefill pod (0: no limit)"),
+        metadata=doc(
+            "admission: prompt tokens of the calls in flight to the prefill pods, per live prefill pod; more wait in "
+            "the router's queue (0: no limit; a longer prompt goes alone)"
+        ),
     )
     max_streams_per_client: int = field(
-        default=256,
-        metadata=doc("admission: Generate streams one client may hold open (0: no limit); the client is the "
-                     "call's x-client-id metadata value, else its peer address without the port"),
-    )  # fmt: skip
+        default=512,
+        metadata=doc(
+            "admission: Generate streams one client may hold open, queued ones included, beyond which a call gets "
+            "RESOURCE_EXHAUSTED + RetryInfo (0: no limit); the client is the call's x-client-id metadata value, "
+            "else its peer address without the port"
+        ),
+    )
+    max_queued_requests: int = field(
+        default=1024,
+        metadata=doc(
+            "admission: Generate calls queued in the router (tokenizing, or waiting to be sent on), beyond which a "
+            "call gets RESOURCE_EXHAUSTED + RetryInfo at once: a bound on the memory they hold (0: no limit)"
+        ),
+    )
+    # NOTE: 30 s outlasts the momentary shortages the queue is for (a pod's restart seen within a registry refresh
+    # and its TTL, a spell of full KV blocks while running calls finish: seconds) and stays within the minute that
+    # clients commonly wait before they time out; a pod that loads for minutes (a scale from zero) outlasts it.
+    max_queue_wait_s: float = field(
+        default=30.0,
+        metadata=doc(
+            "admission: longest a call waits in the router's queue (for room in flight, a live pod, free KV blocks) "
+            "before RESOURCE_EXHAUSTED (UNAVAILABLE with no live pod); a call whose predicted wait exceeds it is "
+            "refused at once"
+        ),
+    )
     max_retry_s: float = field(default=5.0, metadata=doc("admission: most retry delay a refusal advertises"))
     max_pending_calls: int = field(
         default=16384,
@@ -95,10 +128,9 @@ class RouterConfig:
         )
         for name in ("max_n", "max_stop_strings", "max_stop_string_chars", "max_id_chars"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "max_waiting_requests_per_prefill_pod", "max_queued_prompt_tokens_per_prefill_pod", "max_streams_per_client"
-        ):  # fmt: skip
+        for name in _ADMISSION_COUNTS:
             _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        _require(self.max_queue_wait_s > 0, "max_queue_wait_s", f"must be > 0, got {self.max_queue_wait_s}")
         _require(self.max_retry_s > 0, "max_retry_s", f"must be > 0, got {self.max_retry_s}")
         _require(self.max_pending_calls >= 1, "max_pending_calls", f"must be >= 1, got {self.max_pending_calls}")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")

@@ -14,6 +14,7 @@
   at once: skipped while other pods of its role remain, until it answers a health check SERVING (probed at each
   refresh, no sooner than `cooldown_s` after the failure) or is listed with another generation (restarted).
   The registry's TTL is only the backstop for pods nobody called.
+- After every successful read the refresh listeners are called (router.admission: capacity may have returned).
 - One grpc.aio channel per pod, reused by every request, with keepalive pings (`router.pod_client`); a channel
   whose pod left the list is closed after a grace period (its in-flight calls may still be finishing).
 """
@@ -82,6 +83,7 @@ class PodView:
         self._warned_models: set[str] = set()
         self._failing = False
         self._task: asyncio.Task[None] | None = None
+        self._refresh_listeners: list[Callable[[], None]] = []
 
     @property
     def all_pods(self) -> list[PodInfo]:
@@ -94,6 +96,10 @@ class PodView:
         serving = [pod for pod in self._pods if pod.role == role and not pod.draining]
         trusted = [pod for pod in serving if pod.pod_id not in self._suspects]
         return trusted or serving
+
+    def add_refresh_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` after every successful registry read, once the list is updated."""
+        self._refresh_listeners.append(listener)
 
     def client(self, pod: PodInfo) -> PodClient:
         """The cached client of `pod` (a new one when the pod moved to another address)."""
@@ -136,6 +142,12 @@ class PodView:
         self._load.on_refresh()
         await self._close_departed()
         await self._probe_suspects()
+        for listener in self._refresh_listeners:
+            try:
+                listener()
+            except Exception:
+                # NOTE: logged, not raised: a failing listener must not stop the refresh loop.
+                logger.exception("a pod view refresh listener failed")
         return True
 
     async def aclose(self) -> None:

@@ -1,6 +1,9 @@
-"""One Generate call end to end: validate, tokenize, hash, look up the prefix directory, then run
-its n completions (`router.completion_run`) and merge them into one stream. Input limits are checked
-first (`router.input_checks`): ids, n and stop strings, the prompt's bytes before tokenizing, its tokens after.
+"""One Generate call end to end: admission's first check, validate, tokenize, wait for room in the router's queue,
+hash, look up the prefix directory, then run its n completions (`router.completion_run`) and merge them into one
+stream. Admission (`router.admission`) refuses at once before anything else (draining, the client's streams, a full
+queue, a predicted wait too long), and sends the call on once there is room; its first chunk and its end free that
+room. Input limits are checked before tokenizing (`router.input_checks`): ids, n and stop strings, the prompt's bytes;
+its tokens after.
 
 The completions of a call share the prompt, its block hashes and the directory's answer; each is
 routed and retried on its own, and completion i with a seed uses seed + i (as vLLM does; wrapped into
@@ -137,32 +140,40 @@ class RequestLifecycle:
         self, request: GenerateInput, arrival: float, timeout_s: float | None
     ) -> AsyncGenerator[CompletionChunk, None]:
         params = request.params
-        self._ctx.admission.check(request.client_id)
-        self._checks.check_ids(request.request_id, request.cache_salt)
-        self._checks.check_params(params)
-        with self._ctx.tracing.span("tokenize") as span:
-            token_ids = await self._prompt_token_ids(request)
-            span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
-        self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
-        plan = await self._plan(request, token_ids, arrival, timeout_s)
-        runs = [
-            CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run() for index in range(params.n)
-        ]
-        num_open = params.n
-        num_completion_tokens = 0
-        num_cached_tokens = len(token_ids)
-        admitted = self._ctx.admission.gate(_merged(runs), request.client_id, len(token_ids) * params.n)
-        async with contextlib.aclosing(admitted) as chunks:
-            async for chunk in chunks:
-                num_completion_tokens += len(chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    num_open -= 1
-                    # NOTE: each completion prefilled the prompt; report what every one of them reused.
-                    num_cached_tokens = min(num_cached_tokens, chunk.num_cached_tokens)
-                if num_open == 0:
-                    usage = Usage(len(token_ids), num_completion_tokens, num_cached_tokens)
-                    chunk = dataclasses.replace(chunk, usage=usage)
-                yield chunk
+        admission = self._ctx.admission
+        ticket = admission.enter(request.client_id, timeout_s)
+        try:
+            self._checks.check_ids(request.request_id, request.cache_salt)
+            self._checks.check_params(params)
+            with self._ctx.tracing.span("tokenize") as span:
+                token_ids = await self._prompt_token_ids(request)
+                span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
+            self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
+            deadline = None if timeout_s is None else arrival + timeout_s
+            with self._ctx.tracing.span("queue"):
+                await admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
+            plan = await self._plan(request, token_ids, arrival, deadline)
+            runs = [
+                CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run()
+                for index in range(params.n)
+            ]
+            num_open = params.n
+            num_completion_tokens = 0
+            num_cached_tokens = len(token_ids)
+            async with contextlib.aclosing(_merged(runs)) as chunks:
+                async for chunk in chunks:
+                    admission.start(ticket)
+                    num_completion_tokens += len(chunk.token_ids)
+                    if chunk.finish_reason is not None:
+                        num_open -= 1
+                        # NOTE: each completion prefilled the prompt; report what every one of them reused.
+                        num_cached_tokens = min(num_cached_tokens, chunk.num_cached_tokens)
+                    if num_open == 0:
+                        usage = Usage(len(token_ids), num_completion_tokens, num_cached_tokens)
+                        chunk = dataclasses.replace(chunk, usage=usage)
+                    yield chunk
+        finally:
+            admission.leave(ticket)
 
     async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
         if request.token_ids is None:
@@ -180,7 +191,7 @@ class RequestLifecycle:
         return list(request.token_ids)
 
     async def _plan(
-        self, request: GenerateInput, token_ids: list[int], arrival: float, timeout_s: float | None
+        self, request: GenerateInput, token_ids: list[int], arrival: float, deadline: float | None
     ) -> PromptPlan:
         extra_keys = block_extra_keys(self._model.model_id, request.cache_salt)
         block_hashes = hash_prompt_blocks(token_ids, self._model.block_size, extra_keys)
@@ -207,7 +218,7 @@ class RequestLifecycle:
             cached_blocks=cached_blocks,
             cache_salt=request.cache_salt,
             arrival=arrival,
-            deadline=None if timeout_s is None else arrival + timeout_s,
+            deadline=deadline,
             directory_latency_s=latency_s,
         )
 

@@ -6,7 +6,11 @@
   view, the request `lifecycle` front ends serve, and the gRPC server: pdserve.v1.GenerationService plus health
   (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods), and
   with `--http-port` the OpenAI-compatible HTTP API (router.http) over the same lifecycle, same tokens.
-- `start()`: the gRPC (and HTTP) server starts, the pod view reads the registry, health turns SERVING.
+- `start()`: the gRPC (and HTTP) server starts and the pod view reads the registry. Calls are taken from here on
+  (with no live pod they wait in the router's queue, router.admission); health turns SERVING (HTTP /health 200) once
+  the pod view has seen a live prefill pod and a live decode pod, so that orchestrators send no traffic to a router
+  that could only queue it. It stays SERVING if the pods leave later: calls wait for them to return (a rolling
+  restart, a scale from zero), and a liveness probe on the same health must not restart the router meanwhile.
 - `drain(timeout_s)`: health NOT_SERVING and `status.draining` (GetLoad: DRAINING; HTTP /health: 503 draining), so
   load balancers and clients stop sending new calls; a new Generate call (gRPC or HTTP) is refused UNAVAILABLE with a
   RetryInfo (router.admission); the servers keep serving the calls in flight, health, GetLoad and the rest until none
@@ -37,7 +41,6 @@ from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.admission import RouterAdmission
-from router.admission_interceptor import AdmissionInterceptor
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer
@@ -92,12 +95,10 @@ class RouterApp:
         self.status = ServerStatus(lambda: self._pods.all_pods, config.tokenizer_pool_size)
         """What GetServerInfo, GetLoad and HTTP /health report."""
         context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics, self.status)
-        # NOTE: the door (AdmissionInterceptor) comes before tracing: a refused call costs no span.
         self._server = grpc.aio.server(
-            interceptors=[*security.server_interceptors(), AdmissionInterceptor(context.admission, metrics),
-                          *tracing.server_interceptors(), ErrorInterceptor()],
+            interceptors=[*security.server_interceptors(), *tracing.server_interceptors(), ErrorInterceptor()],
             options=[*message_size_options(config.max_message_bytes), *pending_call_options(config.max_pending_calls)],
-        )  # fmt: skip
+        )
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
         """What every front end serves: Generate, Tokenize and the model's info."""
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
@@ -106,6 +107,10 @@ class RouterApp:
         self._health = add_standard_services(self._server, [SERVICE_NAME])
         self.port = add_port(self._server, f"{config.host}:{config.port}", security.server_credentials())
         """The gRPC server's bound port (`config.port` 0 picks a free one)."""
+        self._pods_live = asyncio.Event()
+        """Set once the pod view has seen a live prefill pod and a live decode pod."""
+        self._pods.add_refresh_listener(self._note_live_pods)
+        self._serving_task: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None
         if config.http_port:
             api = HttpApi(self.lifecycle, self.status, tokenizer, metrics.registry, authenticator_for(security.auth))
@@ -144,20 +149,26 @@ class RouterApp:
         return cls(config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping, security)
 
     async def start(self) -> None:
-        """Serve: the gRPC server starts, the pod view reads the registry, health turns SERVING."""
+        """Serve: the gRPC server starts, the pod view reads the registry; health turns SERVING once a live prefill
+        pod and a live decode pod are known (at once if they are)."""
         await self._server.start()
         if self._http is not None:
             await self._http.start()
-            logger.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host,
-                        self._http.port)  # fmt: skip
+            logger.info(
+                "OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host, self._http.port
+            )
         await self._pods.start()
-        await self._health.set_serving()
-        self.status.serving = True
+        if self._pods_live.is_set():
+            await self._set_serving()
+        else:
+            logger.info("health NOT_SERVING until a live prefill pod and a live decode pod are registered")
+            self._serving_task = asyncio.create_task(self._serve_once_pods_live(), name="serve-once-pods-live")
 
     async def drain(self, timeout_s: float) -> None:
         """Health NOT_SERVING and new Generate calls refused (UNAVAILABLE): they go elsewhere; in-flight ones go on,
         and this returns once none is left or after `timeout_s`."""
         self.status.draining = True
+        await self._cancel_serving_task()
         await self._health.set_not_serving()
         deadline = time.monotonic() + timeout_s
         while len(self.lifecycle.running) and time.monotonic() < deadline:
@@ -167,6 +178,7 @@ class RouterApp:
 
     async def close(self, grace_s: float | None) -> None:
         """Stop the gRPC server (in-flight calls get `grace_s`; None: cancelled now), then everything else."""
+        await self._cancel_serving_task()
         await asyncio.gather(self._server.stop(grace_s), *([] if self._http is None else [self._http.close(grace_s)]))
         await self._pods.aclose()
         await self._tokenizer_pool.aclose()
@@ -174,6 +186,25 @@ class RouterApp:
         await self._registry.aclose()
         await self.tracing.aclose()
         self.metrics.close()
+
+    def _note_live_pods(self) -> None:
+        if self._pods.pods("prefill") and self._pods.pods("decode"):
+            self._pods_live.set()
+
+    async def _serve_once_pods_live(self) -> None:
+        await self._pods_live.wait()
+        logger.info("a live prefill pod and a live decode pod are known: health SERVING")
+        await self._set_serving()
+
+    async def _set_serving(self) -> None:
+        await self._health.set_serving()
+        self.status.serving = True
+
+    async def _cancel_serving_task(self) -> None:
+        if self._serving_task is not None:
+            self._serving_task.cancel()
+            await asyncio.gather(self._serving_task, return_exceptions=True)
+            self._serving_task = None
 
 
 def resolve_tokenizer(name: str) -> Path:
@@ -190,9 +221,10 @@ def _run_context(
 ) -> RunContext:  # fmt: skip
     """What every completion the router runs shares: pods, policy, loads, admission (closed while `status` says
     draining) and the retry budget."""
-    admission = RouterAdmission(config, lambda: len(pods.pods("prefill")), lambda: status.draining)
+    admission = RouterAdmission(config, lambda role: len(pods.pods(role)), lambda: status.draining)
+    pods.add_refresh_listener(admission.on_pods_refreshed)
     retry_budget = RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst)
     return RunContext(
         pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size, routing.max_attempts,
-        time.monotonic, tracing, metrics, admission, retry_budget,
+        time.monotonic, admission, tracing, metrics, retry_budget,
     )  # fmt: skip

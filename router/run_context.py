@@ -13,7 +13,6 @@ from transformers import PreTrainedTokenizerBase
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
 from router.admission import RouterAdmission
-from router.config import RouterConfig
 from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.pod_view import PodView
@@ -32,9 +31,10 @@ class RunContext:
     max_attempts: int
     """Failed legs (pods that failed a Reserve, Prefill or Decode) one completion may have before it fails."""
     clock: Callable[[], float]
+    admission: RouterAdmission
+    """Which calls wait, and for how long (a completion that finds no room waits there too)."""
     tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
     metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
-    admission: RouterAdmission = field(default_factory=lambda: RouterAdmission(RouterConfig(), lambda: 1))
     retry_budget: RetryBudget = field(default_factory=lambda: RetryBudget(rate_per_s=10.0, burst=100))
     """Retries left to the whole router (see router.migration)."""
     rng: random.Random = field(default_factory=random.Random)

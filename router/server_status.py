@@ -16,7 +16,7 @@ class ServerStatus:
     """Every live pod of the last registry read (draining ones included), sorted by pod id."""
     tokenizer_pool_size: int
     serving: bool = False
-    """True from `RouterApp.start` until `drain`."""
+    """True once `RouterApp` has seen a live prefill pod and a live decode pod (health SERVING), until `drain`."""
     draining: bool = False
     http_port: int = 0
     """The HTTP API's bound port; 0 when it is off."""

@@ -2,8 +2,9 @@
 
 - POST /v1/completions, POST /v1/chat/completions: `stream` true answers server-sent events (`router.http.streaming`),
   false one JSON body; `x-request-id` becomes the request id (traces and Abort), else one is made;
-- GET /v1/models, GET /health (200 serving, 503 `{"status": "draining"}` or starting), GET /metrics (the router's
-  Prometheus registry);
+- GET /v1/models, GET /health (200 serving; 503 `{"status": "draining"}`, or `{"status": "no pods"}` with the live
+  pods of each role until a live prefill pod and a live decode pod were seen), GET /metrics (the router's Prometheus
+  registry);
 - POST /tokenize (`prompt` or `messages`) and /detokenize (`tokens`), in vLLM's shapes.
 With bearer tokens configured, every route but /health and /metrics needs `Authorization: Bearer <token>`
 (common.auth.TokenAuthenticator, the gRPC API's tokens): 401 without one, 403 with a wrong one.
@@ -157,7 +158,8 @@ class HttpApi:
         if self._status.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         if not self._status.serving:
-            return JSONResponse({"status": "starting"}, status_code=503)
+            live = {f"num_{role}_pods": self._status.num_serving_pods(role) for role in ("prefill", "decode")}
+            return JSONResponse({"status": "no pods", **live}, status_code=503)
         return JSONResponse({"status": "serving"})
 
     async def metrics(self, request: Request) -> Response:

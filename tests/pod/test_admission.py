@@ -109,16 +109,6 @@ def test_the_retry_delay_never_goes_below_its_lower_bound_and_uses_a_one_second_
     assert admission.retry_after_s() == 0.05
 
 
-def test_scaled_limits_multiply_the_queue_limits_only() -> None:
-    limits = AdmissionLimits(4, 1000, 8, 0.1, 2.0).scaled(3)
-    assert limits == AdmissionLimits(12, 3000, 8, 0.1, 2.0)
-    admission = Admission(AdmissionLimits(max_waiting_requests=1))
-    admission.admit("a", 1, limits)
-    admission.admit("a", 1, limits)
-    with pytest.raises(ResourceExhaustedError):
-        admission.admit("a", 1)
-
-
 def test_check_refuses_as_admit_would_but_counts_nothing() -> None:
     admission = Admission(AdmissionLimits(max_waiting_requests=1, max_queued_prompt_tokens=100))
     admission.check("a")

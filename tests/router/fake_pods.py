@@ -28,6 +28,8 @@ from pdserve.v1 import (
     prefill_pb2_grpc,
     sampling_pb2,
 )
+from router.admission import RouterAdmission
+from router.config import RouterConfig
 from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.model_info import ModelInfo
@@ -257,6 +259,10 @@ class Router:
     stub: generation_pb2_grpc.GenerationServiceAsyncStub
     directory: FakeDirectory
     pods: PodView
+    registry: FakeRegistry
+    infos: list[PodInfo]
+    """Every fake pod's registry entry (listed from the start unless `router_over(listed=False)`)."""
+    admission: RouterAdmission
 
 
 @asynccontextmanager
@@ -268,8 +274,11 @@ async def router_over(
     model: ModelInfo,
     directory: FakeDirectory | None = None,
     retry_budget: RetryBudget | None = None,
+    config: RouterConfig | None = None,
+    listed: bool = True,
 ) -> AsyncIterator[Router]:
-    """Serves each fake pod and a router (GenerationServicer + ErrorInterceptor) on 127.0.0.1."""
+    """Serves each fake pod and a router (GenerationServicer + ErrorInterceptor) on 127.0.0.1; `config`: its admission
+    limits (default: RouterConfig's); `listed` False: the registry lists no pod until a test lists `infos`."""
     servers: list[grpc.aio.Server] = []
     infos: list[PodInfo] = []
 
@@ -287,22 +296,26 @@ async def router_over(
     for pod_id, decode in decodes.items():
         await serve(pod_id, "decode", decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode)
     load = LocalLoads()
-    view = PodView(FakeRegistry(infos), MODEL, refresh_s=60.0, load=load)
+    registry = FakeRegistry(infos if listed else [])
+    view = PodView(registry, MODEL, refresh_s=60.0, load=load)
     await view.refresh()
     directory = directory or FakeDirectory()
-    context = RunContext(view, RoutingPolicy(BLOCK_SIZE), load, tokenizer, BLOCK_SIZE, 3, time.monotonic)
+    admission = RouterAdmission(config or RouterConfig(), lambda role: len(view.pods(role)))
+    view.add_refresh_listener(admission.on_pods_refreshed)
+    context = RunContext(view, RoutingPolicy(BLOCK_SIZE), load, tokenizer, BLOCK_SIZE, 3, time.monotonic, admission)
     if retry_budget is not None:
         context = dataclasses.replace(context, retry_budget=retry_budget)
     router = grpc.aio.server(interceptors=[ErrorInterceptor()])
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-        GenerationServicer(RequestLifecycle(model, pool, directory, context)), router
+        GenerationServicer(RequestLifecycle(model, pool, directory, context, limits=config)), router
     )
     port = router.add_insecure_port("127.0.0.1:0")
     await router.start()
     servers.append(router)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield Router(generation_pb2_grpc.GenerationServiceStub(channel), directory, view)
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            yield Router(stub, directory, view, registry, infos, admission)
     finally:
         await asyncio.gather(*(server.stop(None) for server in servers))
         await view.aclose()

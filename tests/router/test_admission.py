@@ -1,16 +1,50 @@
-"""The router's admission (router.admission): who a client is, limits per prefill pod, and the gate's counts."""
+"""The router's admission (router.admission) on a fake clock: who a client is, the refusals at arrival and their
+RetryInfo delays, calls waiting for room in flight or a live pod, the wait's bound, and waiting for room mid-call."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 
 import pytest
 
 from common.errors import ResourceExhaustedError, UnavailableError
-from pod.admission import AdmissionLimits
-from router.admission import DOOR_PASS, DRAIN_RETRY_S, RouterAdmission, client_id
+from common.pod_registry import PodRole
+from router.admission import DRAIN_RETRY_S, MIN_RETRY_S, RouterAdmission, client_id
+from router.admission_state import Stage
 from router.config import RouterConfig
+from router.wait_queue import WaitTimedOut
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Pods:
+    """Live pods per role, as the pod view would count them."""
+
+    def __init__(self, num_prefill: int = 1, num_decode: int = 1) -> None:
+        self.live: dict[PodRole, int] = {"prefill": num_prefill, "decode": num_decode}
+
+    def __call__(self, role: PodRole) -> int:
+        return self.live[role]
+
+
+def _admission(clock: Clock, pods: Pods | None = None, **config: object) -> RouterAdmission:
+    return RouterAdmission(RouterConfig(**config), pods or Pods(), clock=clock)  # type: ignore[arg-type]
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def _counts(admission: RouterAdmission) -> tuple[int, int, int]:
+    """(queued, in flight, waiting in the queue)."""
+    return admission.state.num_queued, admission.state.num_in_flight, admission.num_waiting
 
 
 def test_the_client_is_its_metadata_key_else_its_peer_host() -> None:
@@ -21,104 +55,214 @@ def test_the_client_is_its_metadata_key_else_its_peer_host() -> None:
     assert client_id([], "unix:/tmp/socket") == "unix:/tmp/socket"
 
 
-def test_the_queue_limits_scale_with_the_live_prefill_pods() -> None:
-    num_pods = [0]
-    config = RouterConfig(
-        max_waiting_requests_per_prefill_pod=3,
-        max_queued_prompt_tokens_per_prefill_pod=100,
-        max_streams_per_client=5,
-        max_retry_s=2.0,
+def test_arrivals_are_refused_while_draining_over_the_client_limit_or_beyond_the_queue_bound() -> None:
+    draining = [False]
+    config = RouterConfig(max_streams_per_client=2, max_queued_requests=3, max_retry_s=2.0)
+    admission = RouterAdmission(config, Pods(), lambda: draining[0], Clock())
+    alice = [admission.enter("alice", None), admission.enter("alice", None)]
+    with pytest.raises(ResourceExhaustedError) as refused:
+        admission.enter("alice", None)
+    assert str(refused.value) == "overloaded: client 'alice' has 2 streams open (limit 2)"
+    assert refused.value.retry_after_s == MIN_RETRY_S  # room in flight: nothing to wait for
+    admission.enter("bob", None)
+    with pytest.raises(ResourceExhaustedError) as refused:
+        admission.enter("carol", None)
+    assert (str(refused.value), refused.value.retry_after_s) == (
+        "overloaded: 3 requests queued in the router (limit 3)",
+        MIN_RETRY_S,
     )
-    admission = RouterAdmission(config, lambda: num_pods[0])
-    assert admission.limits() == AdmissionLimits(3, 100, 5, 0.05, 2.0)
-    num_pods[0] = 2
-    assert admission.limits() == AdmissionLimits(6, 200, 5, 0.05, 2.0)
+    admission.leave(alice[0])
+    admission.leave(alice[0])  # once only
+    assert (admission.state.num_queued, admission.state.num_streams("alice")) == (2, 1)
+    admission.enter("carol", None)
+    draining[0] = True
+    with pytest.raises(UnavailableError, match="draining") as unavailable:
+        admission.enter("dave", None)
+    assert unavailable.value.retry_after_s == DRAIN_RETRY_S
 
 
-def test_the_queue_is_filling_from_a_quarter_of_its_places_held_or_waiting() -> None:
-    num_pods = [1]
-    admission = RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=8), lambda: num_pods[0])
-    admission.enter()
-    assert not admission.filling()  # 1 of 8
-    admission.admission.admit("someone", 10, admission.limits())
-    assert admission.filling()  # 2 of 8: one held, one waiting
-    num_pods[0] = 2
-    assert not admission.filling()  # 2 of 16
-    assert not RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=0), lambda: 1).filling()  # no limit
-
-
-async def _chunks(items: list[str], release: asyncio.Event) -> AsyncGenerator[str, None]:
-    await release.wait()
-    for item in items:
-        yield item
-
-
-def test_the_gate_refuses_beyond_the_limit_and_counts_until_the_first_chunk_and_the_end() -> None:
+def test_a_call_is_refused_at_once_when_the_predicted_wait_exceeds_the_bound_or_its_deadline() -> None:
     async def main() -> None:
-        admission = RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=1, max_retry_s=2.0), lambda: 1)
-        release = asyncio.Event()
-        first = admission.gate(_chunks(["a", "b"], release), "alice", 10)
-        waiting = asyncio.create_task(anext(first))
-        await asyncio.sleep(0)
-        assert (admission.admission.num_waiting, admission.admission.num_queued_prompt_tokens) == (1, 10)
+        clock = Clock()
+        admission = _admission(clock, max_waiting_requests_per_prefill_pod=2, max_queue_wait_s=10.0, max_retry_s=3.0)
+        first, second = admission.enter("c", None), admission.enter("c", None)
+        await admission.admit(first, 10, clock.now, None)
+        await admission.admit(second, 10, clock.now, None)
+        assert admission.predicted_wait_s() is None  # full, and nothing drained yet: no rate, no refusal
+        admission.enter("c", None)
+        admission.start(first)  # 1 first token in (at least) 1 s
+        assert admission.predicted_wait_s() == 1.0  # the queued call goes next: one first token ahead of a new one
+        clock.now += 2.0
+        admission.start(second)  # 2 first tokens in 2 s
+        assert admission.predicted_wait_s() == 0.0  # room for the queued call and a new one
+        for _ in range(2):
+            await admission.admit(admission.enter("c", None), 10, clock.now, None)
+        queued = [admission.enter("c", None) for _ in range(8)]
+        assert _counts(admission) == (9, 2, 0)
+        assert admission.predicted_wait_s() == 10.0  # 10 ahead at 1 per second: within the bound
         with pytest.raises(ResourceExhaustedError) as refused:
-            await anext(admission.gate(_chunks(["x"], release), "bob", 10))
-        assert str(refused.value) == "overloaded: 1 requests waiting (limit 1)"
+            admission.enter("c", 9.5)
+        assert (str(refused.value), refused.value.retry_after_s) == (
+            "overloaded: the router's queue would take 10.0 s, past the call's deadline in 9.5 s",
+            3.0,
+        )
+        queued.append(admission.enter("c", None))
+        with pytest.raises(ResourceExhaustedError) as refused:
+            admission.enter("c", None)
+        assert (str(refused.value), refused.value.retry_after_s) == (
+            "overloaded: the router's queue would take 11.0 s (bound 10 s)",
+            3.0,
+        )
+        for ticket in queued:
+            admission.leave(ticket)
+        assert admission.retry_after_s() == 2.0  # 2 ahead at 1 per second
+        with pytest.raises(ResourceExhaustedError) as refused:
+            admission.enter("c", 1.5)
         assert refused.value.retry_after_s == 2.0
-        release.set()
-        assert await waiting == "a"
-        assert (admission.admission.num_waiting, admission.admission.num_streams("alice")) == (0, 1)
-        await first.aclose()
-        assert admission.admission.num_streams("alice") == 0
-        assert [chunk async for chunk in admission.gate(_chunks(["c"], release), "bob", 4)] == ["c"]
-        assert admission.admission.num_streams("bob") == 0
 
     asyncio.run(main())
 
 
-def test_the_door_is_closed_while_draining_or_full_and_the_client_limit_needs_a_client() -> None:
-    draining = [False]
-    config = RouterConfig(max_waiting_requests_per_prefill_pod=2, max_streams_per_client=1, max_retry_s=2.0)
-    admission = RouterAdmission(config, lambda: 1, lambda: draining[0])
-    ticket = admission.admission.admit("alice", 10, admission.limits())
-    admission.enter().release()
-    admission.check("bob")
-    with pytest.raises(ResourceExhaustedError, match="client 'alice' has 1 streams open"):
-        admission.check("alice")
-    admission.admission.admit("bob", 10, admission.limits())
-    with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
-        admission.enter()
-    admission.admission.finish(ticket)
-    draining[0] = True
-    with pytest.raises(UnavailableError, match="draining") as refused:
-        admission.enter()
-    assert refused.value.retry_after_s == DRAIN_RETRY_S
-    with pytest.raises(UnavailableError):
-        admission.check("carol")
-
-
-def test_door_passes_fill_the_queue_until_their_calls_are_admitted_or_end() -> None:
+def test_calls_beyond_the_room_in_flight_wait_in_arrival_order_and_go_as_first_tokens_come() -> None:
     async def main() -> None:
-        admission = RouterAdmission(RouterConfig(max_waiting_requests_per_prefill_pod=2), lambda: 1)
-        first, second = admission.enter(), admission.enter()
-        assert (admission.admission.num_held, admission.admission.num_waiting) == (2, 0)
-        with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
-            admission.enter()
-        with pytest.raises(ResourceExhaustedError, match="2 requests waiting"):
-            admission.check("http-client")  # a call without a pass (the HTTP API's) counts every held place
-        DOOR_PASS.set(first)
-        admission.check("alice")  # its own place is not held against it
-        chunks = admission.gate(_chunks(["a"], asyncio.Event()), "alice", 10)
-        waiting = asyncio.create_task(anext(chunks))
-        await asyncio.sleep(0)
-        assert (first.held, admission.admission.num_held, admission.admission.num_waiting) == (False, 1, 1)
-        second.release()
-        second.release()
-        assert admission.admission.num_held == 0
+        clock = Clock()
+        pods = Pods()
+        admission = _admission(clock, pods, max_waiting_requests_per_prefill_pod=1)
+        tickets = [admission.enter(f"c{i}", None) for i in range(3)]
+        await admission.admit(tickets[0], 10, 1.0, None)
+        later = asyncio.create_task(admission.admit(tickets[2], 10, 3.0, None))
+        earlier = asyncio.create_task(admission.admit(tickets[1], 10, 2.0, None))
+        await _settle()
+        assert _counts(admission) == (2, 1, 2)
+        admission.start(tickets[0])
+        await earlier
+        assert (tickets[1].stage, tickets[2].stage, _counts(admission)) == (Stage.IN_FLIGHT, Stage.QUEUED, (1, 1, 1))
+        pods.live["prefill"] = 2  # the room in flight is per live prefill pod
+        admission.on_pods_refreshed()
+        await later
+        assert _counts(admission) == (0, 2, 0)
+        for ticket in tickets:
+            admission.leave(ticket)
+        assert (_counts(admission), admission.state.num_in_flight_tokens) == ((0, 0, 0), 0)
+
+    asyncio.run(main())
+
+
+def test_a_prompt_over_the_token_room_goes_alone_and_the_next_waits_for_its_first_token() -> None:
+    async def main() -> None:
+        clock = Clock()
+        admission = _admission(clock, max_queued_prompt_tokens_per_prefill_pod=100)
+        long, short = admission.enter("c", None), admission.enter("c", None)
+        await admission.admit(long, 150, clock.now, None)
+        waiting = asyncio.create_task(admission.admit(short, 10, clock.now, None))
+        await _settle()
+        assert (admission.state.num_in_flight_tokens, waiting.done()) == (150, False)
+        admission.start(long)
+        await waiting
+        assert admission.state.num_in_flight_tokens == 10
+
+    asyncio.run(main())
+
+
+def test_with_no_live_pod_a_call_waits_for_one_and_its_wait_is_bounded() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pods = Pods(num_prefill=0, num_decode=0)
+        admission = _admission(clock, pods, max_queue_wait_s=30.0, max_retry_s=4.0)
+        ticket = admission.enter("c", None)
+        waiting = asyncio.create_task(admission.admit(ticket, 10, clock.now, None))
+        await _settle()
+        pods.live["prefill"] = 1
+        admission.on_pods_refreshed()
+        await _settle()
+        assert (waiting.done(), admission.predicted_wait_s()) == (False, None)  # no decode pod yet
+        pods.live["decode"] = 1
+        admission.on_pods_refreshed()
+        await waiting
+        assert ticket.stage is Stage.IN_FLIGHT
+
+        pods.live["decode"] = 0
+        late = admission.enter("c", None)
+        waiting = asyncio.create_task(admission.admit(late, 10, clock.now, clock.now + 60.0))
+        await _settle()
+        clock.now += 30.0  # the bound comes before the call's own deadline
+        admission.on_pods_refreshed()
+        with pytest.raises(UnavailableError) as unavailable:
+            await waiting
+        assert (str(unavailable.value), unavailable.value.retry_after_s) == (
+            "no decode pod is available (waited 30.0 s)",
+            4.0,
+        )
+        assert _counts(admission) == (1, 1, 0)  # its ticket stays queued until the call leaves
+
+    asyncio.run(main())
+
+
+def test_a_call_that_waits_past_its_bound_or_deadline_is_resource_exhausted_with_the_predicted_wait() -> None:
+    async def main() -> None:
+        clock = Clock()
+        admission = _admission(clock, max_waiting_requests_per_prefill_pod=1, max_queue_wait_s=30.0)
+        first = admission.enter("c", None)
+        await admission.admit(first, 10, clock.now, None)
+        waiting = asyncio.create_task(admission.admit(admission.enter("c", None), 10, clock.now, clock.now + 5.0))
+        await _settle()
+        clock.now += 5.0  # its own deadline, before the bound
+        admission.on_pods_refreshed()
+        with pytest.raises(ResourceExhaustedError) as refused:
+            await waiting
+        assert (str(refused.value), refused.value.retry_after_s) == (
+            "overloaded: waited 5.0 s in the router's queue (bound 30 s)",
+            5.0,  # nothing drained yet: max_retry_s
+        )
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_call_leaves_the_queue_and_its_ticket_gives_everything_back() -> None:
+    async def main() -> None:
+        clock = Clock()
+        admission = _admission(clock, max_waiting_requests_per_prefill_pod=1)
+        first, second = admission.enter("c", None), admission.enter("c", None)
+        await admission.admit(first, 10, clock.now, None)
+        waiting = asyncio.create_task(admission.admit(second, 10, clock.now, None))
+        await _settle()
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        await chunks.aclose()
-        assert admission.admission.num_waiting == 0
+        admission.leave(second)
+        admission.leave(first)
+        assert (_counts(admission), admission.state.num_streams("c")) == ((0, 0, 0), 0)
+
+    asyncio.run(main())
+
+
+def test_a_completion_waiting_for_room_goes_ahead_of_later_calls_after_the_next_capacity_event() -> None:
+    async def main() -> None:
+        clock = Clock()
+        admission = _admission(clock, max_waiting_requests_per_prefill_pod=2)
+        sent = admission.enter("c", None)
+        await admission.admit(sent, 10, 1.0, None)
+        room = [True]
+        kv_waiter = asyncio.create_task(admission.wait_for_room(1.0, None, lambda: room[0]))
+        await _settle()
+        assert not kv_waiter.done()  # room in the view, but no event since it found every decode pod full
+        newcomer = admission.enter("c", None)
+        queued = asyncio.create_task(admission.admit(newcomer, 10, 2.0, None))
+        await _settle()
+        assert (queued.done(), admission.num_waiting) == (False, 2)  # behind the earlier call's completion
+        room[0] = False
+        admission.on_pods_refreshed()
+        await _settle()
+        assert (kv_waiter.done(), queued.done()) == (False, False)
+        room[0] = True
+        admission.leave(sent)  # a call of this router ended
+        await kv_waiter
+        await queued
+        deadline_passed = asyncio.create_task(admission.wait_for_room(3.0, clock.now + 1.0, lambda: True))
+        await _settle()
+        clock.now += 1.0
+        admission.on_pods_refreshed()  # NOTE: the deadline comes first: expired before the event lets it go
+        with pytest.raises(WaitTimedOut):
+            await deadline_passed
 
     asyncio.run(main())

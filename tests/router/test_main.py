@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import uvloop
 
 import router.__main__ as router_main
 from common.telemetry_config import TelemetryConfig
-from router.__main__ import freeze_startup_heap, parse_args
+from router.__main__ import parse_args
 from router.config import RouterConfig, RoutingConfig
 from router.security import RouterSecurity
 
@@ -58,16 +57,3 @@ def test_the_router_serves_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(router_main, "serve", serve)
     assert router_main.main(["--port", "0"]) == 0
     assert loops == [uvloop.Loop]
-
-
-def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
-    kept = [[] for _ in range(3)]  # lists: tracked by the collector
-    assert id(kept[0]) in {id(o) for o in gc.get_objects()}
-    try:
-        freeze_startup_heap()
-        assert gc.get_freeze_count() > 0
-        assert not {id(o) for o in kept} & {id(o) for o in gc.get_objects()}
-        later: list[object] = []
-        assert id(later) in {id(o) for o in gc.get_objects()}
-    finally:
-        gc.unfreeze()

@@ -233,3 +233,22 @@ async def test_a_missing_pod_leaves_when_its_address_is_taken_or_a_call_fails_or
     assert await view.refresh()
     assert view.all_pods == [restarted, successor]
     await view.aclose()
+
+
+async def test_refresh_listeners_run_after_each_successful_read_and_one_that_fails_stops_nothing() -> None:
+    registry, clock = _FakeRegistry(), _Clock()
+    view = _grace_view(registry, clock)
+    seen: list[list[str]] = []
+
+    def failing() -> None:
+        raise RuntimeError("listener bug")
+
+    view.add_refresh_listener(failing)
+    view.add_refresh_listener(lambda: seen.append([pod.pod_id for pod in view.all_pods]))
+    registry.listed = [P0]
+    assert await view.refresh()
+    registry.listed = None
+    assert not await view.refresh()
+    registry.listed = [P0, D0]
+    assert await view.refresh()
+    assert seen == [["prefill-0"], ["decode-0", "prefill-0"]]

@@ -55,7 +55,7 @@ async def test_every_prefill_pod_unavailable_is_unavailable(
     assert sorted(decode.releases) == ["decode-0-t1", "decode-0-t2", "decode-0-t3"]
 
 
-async def test_decode_pods_out_of_kv_are_skipped_then_resource_exhausted(
+async def test_a_decode_pod_out_of_kv_is_skipped_for_one_with_room(
     tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
 ) -> None:
     full = FakeDecode("decode-a", reserve_fail=ResourceExhaustedError("no free KV blocks"))
@@ -66,11 +66,7 @@ async def test_decode_pods_out_of_kv_are_skipped_then_resource_exhausted(
         for _ in range(2):  # whichever is tried first, the roomy one serves
             responses = await collect(router.stub.Generate(generate_request(max_tokens=2)))
             assert responses[-1].metrics.decode_pod_id == "decode-b"
-        roomy.reserve_fail = ResourceExhaustedError("no free KV blocks")
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await collect(router.stub.Generate(generate_request(max_tokens=2)))
-    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert prefill.requests[2:] == []
+    assert (len(prefill.requests), len(roomy.reserves)) == (2, 2)
 
 
 async def test_a_failed_kv_transfer_migrates_until_the_attempts_are_spent(
