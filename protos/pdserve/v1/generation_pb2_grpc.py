@@ -99,7 +99,8 @@ class GenerationServiceServicer:
 
     def Abort(self, request, context):
         """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-        Every running request of that id is cancelled, and with it its pod calls and KV.
+        Every running request of that id is cancelled, and with it its pod calls and KV, in whichever of the router's
+        processes it runs (a router with several processes forwards the Abort to the others).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

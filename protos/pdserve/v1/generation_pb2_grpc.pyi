@@ -46,7 +46,8 @@ class GenerationServiceStub:
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _grpc.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV.
+    Every running request of that id is cancelled, and with it its pod calls and KV, in whichever of the router's
+    processes it runs (a router with several processes forwards the Abort to the others).
     """
     GetServerInfo: _grpc.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]
     """Describes the deployment: the model's limits and the pods the router routes to."""
@@ -71,7 +72,8 @@ class GenerationServiceAsyncStub(GenerationServiceStub):
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _aio.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]  # type: ignore[assignment]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV.
+    Every running request of that id is cancelled, and with it its pod calls and KV, in whichever of the router's
+    processes it runs (a router with several processes forwards the Abort to the others).
     """
     GetServerInfo: _aio.UnaryUnaryMultiCallable[_generation_pb2.GetServerInfoRequest, _generation_pb2.GetServerInfoResponse]  # type: ignore[assignment]
     """Describes the deployment: the model's limits and the pods the router routes to."""
@@ -117,7 +119,8 @@ class GenerationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_generation_pb2.AbortResponse, _abc.Awaitable[_generation_pb2.AbortResponse]]:
         """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-        Every running request of that id is cancelled, and with it its pod calls and KV.
+        Every running request of that id is cancelled, and with it its pod calls and KV, in whichever of the router's
+        processes it runs (a router with several processes forwards the Abort to the others).
         """
 
     @_abc_1.abstractmethod
