@@ -126,13 +126,17 @@ class RouterApp:
         if process.grouped:
             # NOTE: plain text on a socket in the supervisor's private (0700) folder: siblings forward Aborts here.
             self._server.add_insecure_port(process.address())
-        self._http: HttpServer | None = None
-        if config.http_port:
-            # NOTE: with siblings, /metrics on the HTTP port is the whole router's too (every process's files).
-            registry = multiprocess_registry(process.metrics_dir) if process.grouped else metrics.registry
-            api = HttpApi(self.lifecycle, self.status, tokenizer, registry, authenticator_for(security.auth))
-            self._http = HttpServer(api.app(), config.host, config.http_port, security.public_tls, process.grouped)
+        self._http = self._http_server(tokenizer, security) if config.http_port else None
+        if self._http is not None:
             self.status.http_port = self._http.port
+
+    def _http_server(self, tokenizer: PreTrainedTokenizerBase, security: RouterSecurity) -> HttpServer:
+        """The OpenAI-compatible HTTP API over the same lifecycle, with the same tokens; with siblings, on the port
+        they share, and its /metrics is the whole router's (every process's files)."""
+        process = self.process
+        registry = multiprocess_registry(process.metrics_dir) if process.grouped else self.metrics.registry
+        api = HttpApi(self.lifecycle, self.status, tokenizer, registry, authenticator_for(security.auth))
+        return HttpServer(api.app(), self.config.host, self.config.http_port, security.public_tls, process.grouped)
 
     @classmethod
     async def open(
