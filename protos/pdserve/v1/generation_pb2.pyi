@@ -581,7 +581,7 @@ class GetServerInfoResponse(_message.Message):
     num_decode_pods: _builtins.int
     """Number of live decode pods not draining."""
     tokenizer_pool_size: _builtins.int
-    """Tokenizer worker processes of the router."""
+    """Tokenizer worker processes of the router, all of its processes' together."""
     http_port: _builtins.int
     """Port of the router's HTTP API; 0 when it is off."""
     num_router_workers: _builtins.int
