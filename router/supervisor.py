@@ -164,7 +164,10 @@ class Supervisor:
             print(f"pdserve router serving on {config.host}:{config.port}", flush=True)
             logger.info("%d worker processes (pids %s)", len(self._workers), [w.pid for w in self._workers if w])
         codes = await asyncio.gather(*(self._keep(index) for index in range(self._spec.num_workers)))
-        await asyncio.gather(*self._relays)
+        # NOTE: a worker's tokenizer processes inherit its stdout and may outlive it by a moment: not waited for.
+        for relay in list(self._relays):
+            relay.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1
 
     def stop(self) -> None:
