@@ -236,6 +236,8 @@ class LocalCluster:
             "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
             "--http-port", str(self.config.http_port),
         ]  # fmt: skip
+        if self.config.router_workers is not None:
+            args += ["--workers", str(self.config.router_workers)]
         return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
 
     def _spawn(

@@ -65,6 +65,9 @@ class ClusterConfig:
     """Extra flags for every pod (engine flags such as --num-blocks, --heartbeat-s)."""
     router_args: tuple[str, ...] = ()
     """Extra flags for the router."""
+    router_workers: int | None = None
+    """Processes serving the router's port (its --workers); None: the router's default (PDSERVE_ROUTER_WORKERS, else
+    from the cores)."""
     log_dir: Path | None = None
     """Where each process writes `<name>.log`; None: a new temporary folder."""
     startup_timeout_s: float = 600.0
@@ -91,6 +94,8 @@ class ClusterConfig:
         for name in ("num_prefill", "num_decode"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.router_workers is not None and self.router_workers < 0:
+            raise InvalidArgumentError("router_workers", f"must be >= 0, got {self.router_workers}")
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) < 1 << 16:
                 raise InvalidArgumentError(name, f"must be in [0, 65535], got {getattr(self, name)}")

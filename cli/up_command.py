@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-_UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode"}
+_UP_FLAGS = {"num_prefill": "prefill", "num_decode": "decode", "router_workers": "router-workers"}
 _NO_METRICS = -1
 _WATCH_INTERVAL_S = 0.5
 
@@ -45,6 +45,12 @@ def add_up_parser(commands: Commands) -> None:
     up.add_argument("--port", type=int, default=50051, help="the router's port (default: 50051)")
     up.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP API; 0: off "
                     "(default: 8000)")  # fmt: skip
+    up.add_argument(
+        "--router-workers",
+        type=int,
+        help="processes serving the router's port (its --workers; default: PDSERVE_ROUTER_WORKERS, else one per 4 "
+        "cores, at most 8)",
+    )
     up.add_argument("--redis-url", help="use this Redis instead of starting a throwaway redis-server")
     up.add_argument("--model", default=DEFAULT_MODEL, help=f"model of every pod (default: {DEFAULT_MODEL})")
     up.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc or nccl (default: tcp)")
@@ -143,8 +149,9 @@ def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterCon
     """`pdserve up`'s cluster from its flags; raises InvalidArgumentError naming a bad field."""
     return ClusterConfig(
         num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port, http_port=args.http_port,
-        redis_url=args.redis_url, model=args.model, kv_transfer_backend=args.kv_transfer_backend,
-        registry_refresh_s=args.registry_refresh_s, pod_args=tuple(pod_args), log_dir=args.log_dir,
+        router_workers=args.router_workers, redis_url=args.redis_url, model=args.model,
+        kv_transfer_backend=args.kv_transfer_backend, registry_refresh_s=args.registry_refresh_s,
+        pod_args=tuple(pod_args), log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s, show_progress=True,
         metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
         otlp_endpoint=args.otlp_endpoint,

@@ -1,7 +1,8 @@
 """Helpers shared by the frozen config dataclasses: CLI flags generated from fields, and their environment
 variables.
 
-Every field is a flag (`kv_lease_s` -> `--kv-lease-s`) and a variable (`PDSERVE_KV_LEASE_S`, `env_name`).
+Every field is a flag (`kv_lease_s` -> `--kv-lease-s`) and a variable (`PDSERVE_KV_LEASE_S`, `env_name`), unless
+its metadata names another variable (`doc(..., env=...)`: the router's `workers` is `PDSERVE_ROUTER_WORKERS`).
 `config_from_args` is the one place that reads the variables: a flag given wins, else the variable, else the
 field's default. A variable's value is parsed with the field's type, as the flag's would be; a bool is one of
 1/0/true/false/yes/no (any case); for an `X | None` field the empty string is None. Variables of fields the
@@ -47,6 +48,12 @@ def _flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _variable(field: dataclasses.Field[Any], prefix: str) -> str:
+    """The environment variable of `field`: the one its metadata names, else `env_name` of its flag."""
+    named: str | None = field.metadata.get("env")
+    return named or env_name(prefix + field.name)
+
+
 def _flag_type(tp: Any) -> tuple[type, bool]:
     """(scalar type for argparse, optional?) of a field annotation."""
     origin = typing.get_origin(tp)
@@ -68,7 +75,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = ""
     for field in _init_fields(cls):
         tp, _ = _flag_type(hints[field.name])
         dest = prefix + field.name
-        help_text = f"{field.metadata.get('doc', '')} (env {env_name(dest)}; default: {field.default})"
+        help_text = f"{field.metadata.get('doc', '')} (env {_variable(field, prefix)}; default: {field.default})"
         if tp is bool:
             group.add_argument(
                 _flag_name(dest),
@@ -101,7 +108,7 @@ def _env_values(cls: type, prefix: str, environ: Mapping[str, str]) -> dict[str,
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for field in _init_fields(cls):
-        name = env_name(prefix + field.name)
+        name = _variable(field, prefix)
         if name in environ:
             values[field.name] = _parse_env(field.name, name, hints[field.name], environ[name])
     return values
@@ -128,10 +135,12 @@ def config_from_args(
         # NOTE: `exc.field` is the dataclass field the check names; it came from the environment only if
         # neither a flag nor an override set it.
         from_env_only = exc.field in from_env and exc.field not in from_flags and exc.field not in overrides
-        source = env_name(prefix + exc.field) if from_env_only else _flag_name(prefix + exc.field)
+        fields = {f.name: f for f in _init_fields(cls)}
+        source = _variable(fields[exc.field], prefix) if from_env_only else _flag_name(prefix + exc.field)
         raise ConfigValueError(exc.field, source, exc.description) from None
 
 
-def doc(text: str) -> dict[str, str]:
-    """Field metadata carrying its one-line doc (used for --help)."""
-    return {"doc": text}
+def doc(text: str, env: str | None = None) -> dict[str, str]:
+    """Field metadata carrying its one-line doc (used for --help) and, when it is not `env_name` of the field, the
+    name of its environment variable."""
+    return {"doc": text} if env is None else {"doc": text, "env": env}

@@ -11,15 +11,22 @@ methods of the events it sees:
 - decode: observe_output_tokens, observe_finished (decode time), set_engine_state, set_spec_totals,
   count_kv_lease_expiry.
 Methods are thread-safe (e.g. set_engine_state from the engine's on_step hook).
+
+A router with several processes (`--workers N`) runs them in prometheus_client's multiprocess mode: each process
+writes its values to files under PROMETHEUS_MULTIPROC_DIR (set by the router's supervisor before they start), and
+`multiprocess_registry` over that folder is the whole router's: counters and histograms summed over every process
+(exited ones too, so they never go back), gauges summed over the live ones. A pod (one process, no such variable)
+keeps every value in its own registry; the gauges' `multiprocess_mode` means nothing there.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 from common.telemetry_config import Role
 
@@ -215,7 +222,7 @@ class ServiceMetrics:
         `port` None (metrics endpoint off): serves nothing, returns None."""
         if port is None:
             return None
-        self._server, _ = start_http_server(port, host, registry=self.registry)
+        self._server = serve_metrics(self.registry, port, host)
         return int(self._server.server_port)
 
     def close(self) -> None:
@@ -239,9 +246,31 @@ class ServiceMetrics:
         return family.labels(self.role) if not label else family
 
     def _gauge(self, name: str, documentation: str) -> Gauge:
-        return Gauge(PREFIX + name, documentation, ["role"], registry=self.registry).labels(self.role)
+        family = Gauge(PREFIX + name, documentation, ["role"], registry=self.registry, multiprocess_mode="livesum")
+        return family.labels(self.role)
 
     def _counter(self, name: str, documentation: str, label: str = "") -> Counter:
         """The role's child of a counter (exposed as `<name>_total`); with `label`, the family."""
         family = Counter(PREFIX + name, documentation, ["role", label] if label else ["role"], registry=self.registry)
         return family.labels(self.role) if not label else family
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> WSGIServer:
+    """Serve `registry` on http://host:port/metrics (0: a free port) from a daemon thread; `shutdown()` and
+    `server_close()` stop it."""
+    server, _ = start_http_server(port, host, registry=registry)
+    return server
+
+
+def multiprocess_registry(path: Path) -> CollectorRegistry:
+    """A registry that collects, at each scrape, the metrics every process wrote under `path` (the processes'
+    PROMETHEUS_MULTIPROC_DIR), merged as the module docstring says."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(path))
+    return registry
+
+
+def forget_process(pid: int, path: Path) -> None:
+    """A process that wrote metrics under `path` exited: its live gauges no longer count (its counters and
+    histograms still do)."""
+    multiprocess.mark_process_dead(pid, str(path))

@@ -40,7 +40,20 @@ class RouterConfig:
         metadata=doc("folder with tokenizer.json, or a model alias, to tokenize with; default: the model's own "
                      "(needed for config-only models such as shape:qwen3-8b)"),
     )  # fmt: skip
-    tokenizer_pool_size: int = field(default=2, metadata=doc("tokenizer worker processes"))
+    workers: int = field(
+        default=0,
+        metadata=doc(
+            "router processes serving its ports together (SO_REUSEPORT; router.supervisor); 0: one per 4 cores, at "
+            "least 1, at most 8",
+            env="PDSERVE_ROUTER_WORKERS",
+        ),
+    )
+    tokenizer_pool_size: int = field(
+        default=2,
+        metadata=doc(
+            "tokenizer worker processes of the whole router; with --workers N each process runs its share, at least one"
+        ),
+    )
     block_size: int = field(default=16, metadata=doc("tokens per KV block; must equal the pods' --block-size"))
     registry_refresh_s: float = field(default=1.0, metadata=doc("how often the live pod list is re-read"))
     max_message_bytes: int = field(
@@ -114,6 +127,7 @@ class RouterConfig:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
         _require(0 <= self.http_port < 65536, "http_port", f"must be in [0, 65535], got {self.http_port}")
         _require(self.tokenizer is None or bool(self.tokenizer), "tokenizer", "must not be empty")
+        _require(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
         _require(self.tokenizer_pool_size >= 1, "tokenizer_pool_size", f"must be >= 1, got {self.tokenizer_pool_size}")
         _require(
             self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
@@ -152,9 +166,15 @@ class RoutingConfig:
                      "on other pods from the last streamed token"),
     )  # fmt: skip
     retry_budget_per_s: float = field(
-        default=10.0, metadata=doc("retries per second the whole router may spend on failed legs (token bucket)")
+        default=10.0,
+        metadata=doc(
+            "retries per second the whole router may spend on failed legs (token bucket; with --workers N each "
+            "process holds 1/N)"
+        ),
     )
-    retry_budget_burst: int = field(default=100, metadata=doc("retries the router's budget holds at most"))
+    retry_budget_burst: int = field(
+        default=100, metadata=doc("retries the router's budget holds at most (with --workers N: 1/N per process)")
+    )
     unavailable_cooldown_s: float = field(
         default=2.0,
         metadata=doc("how long a pod whose call failed stays suspect (no new requests while other pods can serve) "

@@ -3,6 +3,8 @@
 Pods report their load in the registry once per heartbeat; between two reads the router would
 route blind. So it counts its own work per pod: prompt tokens it sent for prefill that have not
 produced their first token, completions decoding, and KV blocks reserved since the last refresh.
+Per process: with `--workers N` each router process counts its own work only; the pods' reports (the registry)
+cover every process's.
 """
 
 from __future__ import annotations

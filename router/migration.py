@@ -9,7 +9,9 @@ were streamed, the completion goes on with another leg on another pair:
 When the emitted tokens already reached max_tokens, there is no next leg: the completion ends with "length".
 
 Retries are bounded twice: `max_attempts` failed legs per completion, and one `RetryBudget` per router (a token
-bucket), so that a fault across the cluster cannot multiply the load by the number of attempts. Between attempts
+bucket), so that a fault across the cluster cannot multiply the load by the number of attempts. Per process: a router
+of N processes (`--workers N`) gives each a bucket of 1/N of the rate and burst, so the whole router's budget stays
+what its flags say. Between attempts
 a completion waits `backoff_s`, an exponential delay with jitter.
 """
 
@@ -53,7 +55,8 @@ def backoff_s(num_failures: int, rng: random.Random) -> float:
 
 
 class RetryBudget:
-    """A router-wide token bucket of retries: `burst` at most, refilled at `rate_per_s`."""
+    """A token bucket of retries, this router process's (per process: see the module docstring): `burst` at most,
+    refilled at `rate_per_s`."""
 
     def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._rate_per_s = rate_per_s

@@ -81,14 +81,16 @@ class RequestLifecycle:
         directory: PrefixLookup,
         context: RunContext,
         limits: RouterConfig | None = None,
+        running: RunningRequests | None = None,
     ) -> None:
-        """`limits`: the input limits (RouterConfig's `max_*` fields; default: RouterConfig's defaults)."""
+        """`limits`: the input limits (RouterConfig's `max_*` fields; default: RouterConfig's defaults); `running`:
+        where the calls register for Abort (default: a new table)."""
         self._model = model
         self._checks = InputChecks(limits or RouterConfig(), model.max_model_len)
         self._tokenizer_pool = tokenizer_pool
         self._directory = directory
         self._ctx = context
-        self.running = RunningRequests()
+        self.running = RunningRequests() if running is None else running
         """The requests being generated now, by request id, for Abort."""
 
     @property

@@ -17,6 +17,11 @@
   is left, or `timeout_s` passed.
 - `close(grace_s)`: the gRPC and HTTP servers stop (in-flight calls get `grace_s`), then the pod view, the tokenizer
   pool, the directory and the registry close; queued spans are exported; /metrics stops.
+As one of the processes of a router run with `--workers N` (`process`, router.supervisor): both servers share their
+ports with the siblings (SO_REUSEPORT), the gRPC server also listens on the process's private Unix socket, Abort
+reaches the siblings' requests too (router.sibling_aborts), the running requests are counted in the supervisor's
+table (router.shared_counts), the tokenizer pool and the retry budget are this process's share, and /metrics (on
+`--metrics-port`, from the supervisor, and on the HTTP port) covers every process.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from transformers import PreTrainedTokenizerBase
 from common.auth import authenticator_for
 from common.grpc_errors import ErrorInterceptor
 from common.grpc_server import add_port, add_standard_services, message_size_options, pending_call_options
-from common.metrics import ServiceMetrics
+from common.metrics import ServiceMetrics, multiprocess_registry
 from common.pod_registry import PodRegistry
 from common.prefix_directory import PrefixDirectory
 from common.telemetry import Tracing, setup_tracing
@@ -49,11 +54,15 @@ from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pod_view import PodView
 from router.request_lifecycle import RequestLifecycle
+from router.router_process import RouterProcess
 from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
+from router.running_requests import RunningRequests
 from router.security import RouterSecurity
 from router.server import SERVICE_NAME, GenerationServicer
 from router.server_status import ServerStatus
+from router.shared_counts import SharedCounts, Total
+from router.sibling_aborts import SiblingAborts
 from router.tokenizer_pool import TokenizerPool, load_tokenizer
 
 logger = logging.getLogger("router")
@@ -75,15 +84,20 @@ class RouterApp:
         metrics: ServiceMetrics,
         stopping: asyncio.Event,
         security: RouterSecurity | None = None,
+        process: RouterProcess | None = None,
+        counts: SharedCounts | None = None,
     ) -> None:
-        """Wire the parts that need no I/O; `open` makes the others and calls this."""
+        """Wire the parts that need no I/O; `open` makes the others and calls this. `process`: which of the router's
+        processes this is (default: a lone one); `counts`: the table it shares with its siblings (default: its own)."""
         security = security or RouterSecurity()
+        self.process = process = process or RouterProcess()
         self.config = config
         self.tracing = tracing
         self.metrics = metrics
         self.stopping = stopping
         """Set by SIGTERM or SIGINT."""
         self._tokenizer_pool = tokenizer_pool
+        self._counts = counts = SharedCounts.local() if counts is None else counts
         self._registry = PodRegistry(config.redis_url)
         self._directory = PrefixDirectory(config.redis_url)
         load = LocalLoads()
@@ -92,30 +106,44 @@ class RouterApp:
             routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
             channel_security=security.pod_channels(),
         )  # fmt: skip
-        self.status = ServerStatus(lambda: self._pods.all_pods, config.tokenizer_pool_size)
-        """What GetServerInfo, GetLoad and HTTP /health report."""
-        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics, self.status)
-        self._server = grpc.aio.server(
-            interceptors=[*security.server_interceptors(), *tracing.server_interceptors(), ErrorInterceptor()],
-            options=[*message_size_options(config.max_message_bytes), *pending_call_options(config.max_pending_calls)],
+        self.status = ServerStatus(
+            lambda: self._pods.all_pods,
+            process.tokenizer_pool_size(config.tokenizer_pool_size) * process.count,
+            num_running_requests=lambda: counts.total(Total.RUNNING_REQUESTS),
+            router_worker=process.index,
+            num_router_workers=process.count,
         )
-        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, limits=config)
+        """What GetServerInfo, GetLoad and HTTP /health report."""
+        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics, self.status, process)
+        self._server = _grpc_server(config, security, tracing, process)
+        running = RunningRequests(on_count=lambda num_running: counts.set(Total.RUNNING_REQUESTS, num_running))
+        self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, config, running)
         """What every front end serves: Generate, Tokenize and the model's info."""
+        self._siblings = SiblingAborts(process.sibling_addresses()) if process.grouped else None
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.lifecycle, metrics, self.status), self._server
+            GenerationServicer(self.lifecycle, metrics, self.status, self._siblings), self._server
         )
         self._health = add_standard_services(self._server, [SERVICE_NAME])
         self.port = add_port(self._server, f"{config.host}:{config.port}", security.server_credentials())
         """The gRPC server's bound port (`config.port` 0 picks a free one)."""
+        if process.grouped:
+            # NOTE: plain text on a socket in the supervisor's private (0700) folder: siblings forward Aborts here.
+            self._server.add_insecure_port(process.address())
         self._pods_live = asyncio.Event()
         """Set once the pod view has seen a live prefill pod and a live decode pod."""
         self._pods.add_refresh_listener(self._note_live_pods)
         self._serving_task: asyncio.Task[None] | None = None
-        self._http: HttpServer | None = None
-        if config.http_port:
-            api = HttpApi(self.lifecycle, self.status, tokenizer, metrics.registry, authenticator_for(security.auth))
-            self._http = HttpServer(api.app(), config.host, config.http_port, security.public_tls)
+        self._http = self._http_server(tokenizer, security) if config.http_port else None
+        if self._http is not None:
             self.status.http_port = self._http.port
+
+    def _http_server(self, tokenizer: PreTrainedTokenizerBase, security: RouterSecurity) -> HttpServer:
+        """The OpenAI-compatible HTTP API over the same lifecycle, with the same tokens; with siblings, on the port
+        they share, and its /metrics is the whole router's (every process's files)."""
+        process = self.process
+        registry = multiprocess_registry(process.metrics_dir) if process.grouped else self.metrics.registry
+        api = HttpApi(self.lifecycle, self.status, tokenizer, registry, authenticator_for(security.auth))
+        return HttpServer(api.app(), self.config.host, self.config.http_port, security.public_tls, process.grouped)
 
     @classmethod
     async def open(
@@ -124,8 +152,11 @@ class RouterApp:
         routing: RoutingConfig,
         telemetry: TelemetryConfig,
         security: RouterSecurity | None = None,
+        process: RouterProcess | None = None,
     ) -> RouterApp:
-        """Everything up to `start` (see the module docstring); `security`: TLS, mTLS to pods, tokens (all off)."""
+        """Everything up to `start` (see the module docstring); `security`: TLS, mTLS to pods, tokens (all off);
+        `process`: which of the router's processes this is (default: a lone one)."""
+        process = process or RouterProcess()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -136,17 +167,22 @@ class RouterApp:
         if not tracing.enabled:
             logger.info("tracing off: no OTLP endpoint, no exporter")
         metrics = ServiceMetrics("router")
-        metrics_port = metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
+        # NOTE: with siblings, the supervisor serves every process's metrics on --metrics-port.
+        metrics_port = None
+        if not process.grouped:
+            metrics_port = metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
         if metrics_port is not None:
             logger.info("metrics on http://%s:%d/metrics", telemetry.metrics_host, metrics_port)
         tokenizer_folder = folder
         if config.tokenizer is not None:
             tokenizer_folder = await asyncio.to_thread(resolve_tokenizer, config.tokenizer)
-        tokenizer_pool = TokenizerPool(
-            tokenizer_folder, config.tokenizer_pool_size, metrics.observe_tokenizer_queue_time
-        )
+        pool_size = process.tokenizer_pool_size(config.tokenizer_pool_size)
+        tokenizer_pool = TokenizerPool(tokenizer_folder, pool_size, metrics.observe_tokenizer_queue_time)
         tokenizer, _ = await asyncio.gather(asyncio.to_thread(load_tokenizer, tokenizer_folder), tokenizer_pool.start())
-        return cls(config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping, security)
+        counts = SharedCounts.open(process.counts_path, process.index) if process.grouped else None
+        return cls(
+            config, routing, model, tokenizer_pool, tokenizer, tracing, metrics, stopping, security, process, counts
+        )
 
     async def start(self) -> None:
         """Serve: the gRPC server starts, the pod view reads the registry; health turns SERVING once a live prefill
@@ -181,11 +217,14 @@ class RouterApp:
         await self._cancel_serving_task()
         await asyncio.gather(self._server.stop(grace_s), *([] if self._http is None else [self._http.close(grace_s)]))
         await self._pods.aclose()
+        if self._siblings is not None:
+            await self._siblings.aclose()
         await self._tokenizer_pool.aclose()
         await self._directory.aclose()
         await self._registry.aclose()
         await self.tracing.aclose()
         self.metrics.close()
+        self._counts.close()
 
     def _note_live_pods(self) -> None:
         if self._pods.pods("prefill") and self._pods.pods("decode"):
@@ -215,15 +254,29 @@ def resolve_tokenizer(name: str) -> Path:
     return resolve_model(name)
 
 
+def _grpc_server(
+    config: RouterConfig, security: RouterSecurity, tracing: Tracing, process: RouterProcess
+) -> grpc.aio.Server:
+    """The gRPC server with its interceptors; with siblings, its port shared with theirs (SO_REUSEPORT)."""
+    options = [*message_size_options(config.max_message_bytes), *pending_call_options(config.max_pending_calls)]
+    if process.grouped:
+        # NOTE: gRPC sets SO_REUSEPORT on Linux unless told not to; said here, since the siblings depend on it.
+        options.append(("grpc.so_reuseport", 1))
+    interceptors = [*security.server_interceptors(), *tracing.server_interceptors(), ErrorInterceptor()]
+    return grpc.aio.server(interceptors=interceptors, options=options)
+
+
 def _run_context(
     config: RouterConfig, routing: RoutingConfig, pods: PodView, load: LocalLoads,
     tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics, status: ServerStatus,
+    process: RouterProcess,
 ) -> RunContext:  # fmt: skip
     """What every completion the router runs shares: pods, policy, loads, admission (closed while `status` says
-    draining) and the retry budget."""
+    draining) and the retry budget (this process's share of the router's)."""
     admission = RouterAdmission(config, lambda role: len(pods.pods(role)), lambda: status.draining)
     pods.add_refresh_listener(admission.on_pods_refreshed)
-    retry_budget = RetryBudget(routing.retry_budget_per_s, routing.retry_budget_burst)
+    burst = max(1, int(process.share(routing.retry_budget_burst)))
+    retry_budget = RetryBudget(process.share(routing.retry_budget_per_s), burst)
     return RunContext(
         pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size, routing.max_attempts,
         time.monotonic, admission, tracing, metrics, retry_budget,

@@ -1,4 +1,4 @@
-"""The requests running on this router, by request id, so that `Abort` can cancel them on either API.
+"""The requests running in this router process, by request id, so that `Abort` can cancel them on either API.
 
 1. `RequestLifecycle.generate` registers the task consuming a request's stream (`running`) for as long as the
    stream is open; a caller may reuse a request id, so an id maps to every task running under it.
@@ -11,6 +11,9 @@
    tells an Abort's cancellation from the others (the client went away, the server is stopping).
 4. When a stream ends, however it ends, its id joins the last `max_finished` finished ids, so an abort that
    comes late answers ALREADY_FINISHED rather than NOT_FOUND.
+Per process: with `--workers N` each router process knows its own requests only; an Abort reaching one process is
+forwarded to the others (router.sibling_aborts) and their answers merge (`merge_aborts`). The count of running
+requests goes to `on_count` at every change (the whole router's count: router.shared_counts).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import enum
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from common.errors import PdserveError
@@ -37,17 +40,34 @@ class RequestAbortedError(PdserveError):
     status = "CANCELLED"
 
 
-class RunningRequests:
-    """Request id -> the tasks running it; see the module docstring."""
+def merge_aborts(answers: Iterable[tuple[AbortResult, int]]) -> tuple[AbortResult, int]:
+    """One answer from each process's (result, number cancelled): ABORTED with the sum if any aborted, else
+    ALREADY_FINISHED if any knew the id as finished, else NOT_FOUND."""
+    results = set()
+    num_aborted = 0
+    for result, count in answers:
+        results.add(result)
+        num_aborted += count
+    for result in (AbortResult.ABORTED, AbortResult.ALREADY_FINISHED):
+        if result in results:
+            return result, num_aborted
+    return AbortResult.NOT_FOUND, 0
 
-    def __init__(self, max_finished: int = 4096) -> None:
+
+class RunningRequests:
+    """Request id -> the tasks running it, in this process (see the module docstring); `on_count` hears the
+    number of running tasks after each change."""
+
+    def __init__(self, max_finished: int = 4096, on_count: Callable[[int], None] | None = None) -> None:
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._aborted: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         self._max_finished = max_finished
+        self._num_running = 0
+        self._on_count = on_count
 
     def __len__(self) -> int:
-        return sum(len(tasks) for tasks in self._running.values())
+        return self._num_running
 
     @contextmanager
     def running(self, request_id: str) -> Iterator[None]:
@@ -57,6 +77,7 @@ class RunningRequests:
             yield
             return
         self._running.setdefault(request_id, set()).add(task)
+        self._count(+1)
         try:
             yield
         finally:
@@ -64,6 +85,7 @@ class RunningRequests:
             tasks.discard(task)
             if not tasks:
                 self._running.pop(request_id, None)
+            self._count(-1)
             self._finished[request_id] = None
             self._finished.move_to_end(request_id)
             while len(self._finished) > self._max_finished:
@@ -93,3 +115,8 @@ class RunningRequests:
             return False
         task.uncancel()
         return True
+
+    def _count(self, delta: int) -> None:
+        self._num_running += delta
+        if self._on_count is not None:
+            self._on_count(self._num_running)

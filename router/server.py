@@ -22,8 +22,9 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle
-from router.running_requests import AbortResult, RequestAbortedError
+from router.running_requests import AbortResult, RequestAbortedError, merge_aborts
 from router.server_status import ServerStatus
+from router.sibling_aborts import SiblingAborts, is_forwarded
 from router.tokenizer_pool import ChatMessage
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
@@ -32,14 +33,20 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
-    """pdserve.v1.GenerationService over a RequestLifecycle."""
+    """pdserve.v1.GenerationService over a RequestLifecycle; `siblings`: the router's other processes, which Abort
+    reaches too (router.sibling_aborts; None: a lone process)."""
 
     def __init__(
-        self, lifecycle: RequestLifecycle, metrics: ServiceMetrics | None = None, status: ServerStatus | None = None
+        self,
+        lifecycle: RequestLifecycle,
+        metrics: ServiceMetrics | None = None,
+        status: ServerStatus | None = None,
+        siblings: SiblingAborts | None = None,
     ) -> None:
         self._lifecycle = lifecycle
         self._metrics = metrics or ServiceMetrics("router")
-        self._status = status or ServerStatus(list, tokenizer_pool_size=0)
+        self._status = status or ServerStatus(list, 0, num_running_requests=lambda: len(lifecycle.running))
+        self._siblings = siblings
 
     # NOTE: a coroutine writing its responses (grpc.aio's reader-writer API), not an async generator as the generated
     # base class types it: an Abort cancels this task wherever it waits, writes included, and only a frame that
@@ -67,7 +74,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         return self._model_info()
 
     async def Abort(self, request: generation_pb2.AbortRequest, context: Context) -> generation_pb2.AbortResponse:
-        result, num_aborted = self._lifecycle.running.abort(request.request_id)
+        answers = [self._lifecycle.running.abort(request.request_id)]
+        if self._siblings is not None:
+            metadata = context.invocation_metadata() or ()
+            if not is_forwarded(metadata):
+                answers += await self._siblings.abort(request.request_id, metadata)
+        result, num_aborted = merge_aborts(answers)
         return generation_pb2.AbortResponse(result=_ABORT_RESULTS[result], num_aborted=num_aborted)
 
     async def GetServerInfo(
@@ -82,12 +94,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             num_decode_pods=status.num_serving_pods("decode"),
             tokenizer_pool_size=status.tokenizer_pool_size,
             http_port=status.http_port,
+            num_router_workers=status.num_router_workers,
         )
 
     async def GetLoad(self, request: generation_pb2.GetLoadRequest, context: Context) -> generation_pb2.GetLoadResponse:
         return generation_pb2.GetLoadResponse(
             state=_state(self._status.draining),
-            num_running_requests=len(self._lifecycle.running),
+            num_running_requests=self._status.num_running_requests(),
+            router_worker=self._status.router_worker,
             pods=[
                 generation_pb2.PodLoad(
                     pod=_pod_summary(pod),

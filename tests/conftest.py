@@ -1,13 +1,20 @@
-"""Shared test set-up: the `gpu` marker skips without CUDA; `smollm2_path` is the packaged model."""
+"""Shared test set-up: the `gpu` marker skips without CUDA; `smollm2_path` is the packaged model; routers the tests
+start run as one process unless a test asks for more."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model
+
+# NOTE: a router's default process count comes from the cores (router.router_process); the tests' routers (their
+# admission limits, GetLoad's answers) must not change with the machine that runs them. Tests of several processes
+# pass --workers; PDSERVE_ROUTER_WORKERS set outside wins.
+os.environ.setdefault("PDSERVE_ROUTER_WORKERS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

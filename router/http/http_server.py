@@ -3,7 +3,9 @@
 With the public port's TLS configured (`--tls-cert/--tls-key`, common.tls.PublicTLSConfig) it serves HTTPS with the
 same certificate and key. `start()` binds the port itself (0 picks a free one, known at once) and runs
 `uvicorn.Server.serve` as a task; `close(grace_s)` stops accepting, lets open responses finish for `grace_s`, then
-cancels them. The router keeps its own SIGTERM/SIGINT handling: uvicorn's signal capture is turned off.
+cancels them. The router keeps its own SIGTERM/SIGINT handling: uvicorn's signal capture is turned off. With
+`reuse_port` (a router of several processes, router.supervisor) the socket shares its port with its siblings'
+(SO_REUSEPORT): the kernel spreads connections over them.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """The HTTP API's server: `app` on `host:port`, over TLS with the public port's certificate when `tls` is on."""
 
-    def __init__(self, app: Starlette, host: str, port: int, tls: PublicTLSConfig | None = None) -> None:
+    def __init__(
+        self, app: Starlette, host: str, port: int, tls: PublicTLSConfig | None = None, reuse_port: bool = False
+    ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self._socket.bind((host, port))
         self.port: int = self._socket.getsockname()[1]
         """The bound port."""

@@ -111,6 +111,18 @@ def test_the_router_reads_its_variables_and_help_names_them(capsys: pytest.Captu
     assert "(env PDSERVE_METRICS_PORT; default: None)" in help_text
 
 
+def test_the_router_workers_variable_is_named_for_the_router(capsys: pytest.CaptureFixture[str]) -> None:
+    config, _, _, _ = parse_router_args([], {"PDSERVE_ROUTER_WORKERS": "3", "PDSERVE_WORKERS": "5"})
+    assert config.workers == 3
+    assert parse_router_args(["--workers", "2"], {"PDSERVE_ROUTER_WORKERS": "3"})[0].workers == 2
+    with pytest.raises(SystemExit):
+        parse_router_args([], {"PDSERVE_ROUTER_WORKERS": "-1"})
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: PDSERVE_ROUTER_WORKERS: must be >= 0, got -1")
+    with pytest.raises(SystemExit):
+        parse_router_args(["--help"], {})
+    assert "(env PDSERVE_ROUTER_WORKERS; default: 0)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_real_router_process_names_a_bad_variable() -> None:
     env = {**os.environ, "PDSERVE_REGISTRY_REFRESH_S": "soon"}
     result = subprocess.run(

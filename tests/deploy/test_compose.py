@@ -16,6 +16,7 @@ from cli.autoscaler.config import AutoscalerConfig
 from cli.main import _parser
 from common.config import env_name
 from pod.config import PodServerConfig, RegistryConfig
+from router.__main__ import parse_args as parse_router_args
 from tests.deploy.helpers import DEFAULT_DRAIN_TIMEOUT_S, ROOT, ROUTER_DRAIN_S, duration_s, flag_value, require_tool
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -228,3 +229,12 @@ def test_prometheus_scrapes_every_pdserve_service(services: dict[str, dict[str, 
         if _role(service):
             assert flag_value(service["command"], "--metrics-port") == "9100", name
             assert name in scraped, f"prometheus does not scrape {name}"
+
+
+def test_the_router_runs_the_worker_count_its_variable_says(services: dict[str, dict[str, Any]]) -> None:
+    environment = services["router"]["environment"]
+    assert environment["PDSERVE_ROUTER_WORKERS"] == "${PDSERVE_ROUTER_WORKERS:-0}"
+    tracing = "OTEL_EXPORTER_OTLP_ENDPOINT"
+    assert environment[tracing] == services["prefill"]["environment"][tracing], "the shared variables are kept"
+    config, _, _, _ = parse_router_args([], {"PDSERVE_ROUTER_WORKERS": "0"})
+    assert config.workers == 0, "the default, 0, is the router's own: from the cores"

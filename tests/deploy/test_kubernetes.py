@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from common.metrics import ServiceMetrics
+from router.__main__ import parse_args as parse_router_args
 from tests.deploy.helpers import DEFAULT_DRAIN_TIMEOUT_S, ROOT, ROUTER_DRAIN_S, flag_value, require_tool
 
 KUSTOMIZE_ROOT = ROOT / "deploy" / "kubernetes"
@@ -190,3 +191,12 @@ def test_manifests_match_the_kubernetes_schemas(overlay: tuple[str, list[Resourc
         kubernetes_validate.validate(resource, SCHEMA_VERSION, strict=True)
         checked += 1
     assert checked >= 10
+
+
+def test_the_router_runs_a_worker_per_requested_core(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    container = _container(_of_kind(resources, "Deployment")["router"])
+    environment = {variable["name"]: variable.get("value") for variable in container["env"]}
+    config, _, _, _ = parse_router_args([], {"PDSERVE_ROUTER_WORKERS": environment["PDSERVE_ROUTER_WORKERS"]})
+    assert config.workers >= 2
+    assert float(container["resources"]["requests"]["cpu"]) >= config.workers

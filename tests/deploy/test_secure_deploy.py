@@ -24,6 +24,7 @@ MTLS = {env_name(f.name) for f in dataclasses.fields(ClusterTLSConfig)}
 ROUTER_ONLY = {env_name(f.name) for cls in (PublicTLSConfig, AuthConfig) for f in dataclasses.fields(cls)} - {
     env_name("auth_tokens"), env_name("auth_exempt_health"),
 }  # fmt: skip
+ROUTER_WORKERS = "PDSERVE_ROUTER_WORKERS"
 FILES = {"ca.pem", "internal.pem", "internal.key", "public.pem", "public.key", "tokens"}
 POD_HEALTH = ["pdserve", "health", "127.0.0.1:50051", "--tls-ca", f"{TLS_DIR}/ca.pem", "--tls-cert",
               f"{TLS_DIR}/internal.pem", "--tls-key", f"{TLS_DIR}/internal.key"]  # fmt: skip
@@ -50,7 +51,8 @@ def test_compose_secure_turns_every_switch_on() -> None:
     services = _rendered_compose()["services"]
     for name in ("router", "prefill", "decode", "prefill-gpu0", "decode-gpu1"):
         service = services[name]
-        env = {k: v for k, v in service["environment"].items() if k.startswith("PDSERVE_")}
+        # NOTE: the router's process count (docker-compose.yml) is no security switch.
+        env = {k: v for k, v in service["environment"].items() if k.startswith("PDSERVE_") and k != ROUTER_WORKERS}
         expected = MTLS | ROUTER_ONLY if name == "router" else MTLS
         assert set(env) == expected, name
         assert _named_files(env) <= FILES, name

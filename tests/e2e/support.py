@@ -9,10 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from cli.client import GenerationClient
 from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput
-from pdserve.v1 import generation_pb2, sampling_pb2
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 BLOCK_SIZE = 16
 REQUEST_TIMEOUT_S = 120.0
@@ -131,3 +133,21 @@ def with_suffix(prefix: list[int], i: int) -> list[int]:
 
 def sequential(client: GenerationClient, prefix: list[int], count: int, start: int = 0) -> list[Completion]:
     return [run(client, token_ids=with_suffix(prefix, start + i), max_tokens=2, temperature=0.0) for i in range(count)]
+
+
+def channels_to_each_worker(address: str, num_workers: int, timeout_s: float = 60.0) -> dict[int, grpc.Channel]:
+    """A channel to each process of a router of `num_workers` (`--workers`), by worker index, each its own
+    connection: fresh connections until every worker answered one's GetLoad (the kernel hands each connection to a
+    worker by a hash of it), or `timeout_s` passed; the caller closes them."""
+    found: dict[int, grpc.Channel] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < num_workers and time.monotonic() < deadline:
+        # NOTE: a local subchannel pool: channels to one address otherwise share one connection, so one worker.
+        channel = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        load = generation_pb2_grpc.GenerationServiceStub(channel).GetLoad(generation_pb2.GetLoadRequest(), timeout=10)
+        if load.router_worker in found:
+            channel.close()
+            time.sleep(0.01)
+        else:
+            found[load.router_worker] = channel
+    return found

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -17,6 +21,8 @@ from common.metrics import (
     TOKEN_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     ServiceMetrics,
+    forget_process,
+    multiprocess_registry,
 )
 
 Series = tuple[str, tuple[tuple[str, str], ...]]
@@ -206,3 +212,32 @@ def test_metrics_are_served_over_http_on_a_free_port(router: ServiceMetrics) -> 
     router.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+_WRITER = """
+import sys
+from common.metrics import ServiceMetrics
+metrics = ServiceMetrics("router")
+for _ in range(int(sys.argv[1])):
+    metrics.count_router_rejection("RESOURCE_EXHAUSTED")
+    metrics.observe_first_token(0.05, 10)
+metrics.set_engine_state(num_running=int(sys.argv[1]), num_waiting=0, kv_cache_usage=0.0, prefix_cache_queries=0,
+                         prefix_cache_hits=0, num_preemptions=0)
+print(__import__("os").getpid(), flush=True)
+"""
+
+
+def test_processes_in_multiprocess_mode_sum_and_an_exited_one_keeps_its_counts(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    writers = [[sys.executable, "-c", _WRITER, str(count)] for count in (2, 3)]
+    pids = [int(subprocess.run(argv, env=env, capture_output=True, timeout=60, check=True).stdout) for argv in writers]
+    role = (("role", "router"),)
+    rejected = ("pdserve:router_rejections_total", (("code", "RESOURCE_EXHAUSTED"), ("role", "router")))
+    running = ("pdserve:num_requests_running", role)
+    registry = multiprocess_registry(tmp_path)
+    samples = _samples(registry)
+    assert (samples[rejected], samples[("pdserve:time_to_first_token_seconds_count", role)]) == (5.0, 5.0)
+    assert (samples[("pdserve:prompt_tokens_total", role)], samples[running]) == (50.0, 5.0)
+    forget_process(pids[1], tmp_path)
+    samples = _samples(registry)
+    assert (samples[rejected], samples[running]) == (5.0, 2.0)

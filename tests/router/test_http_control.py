@@ -30,7 +30,9 @@ def _servicer(status: ServerStatus) -> tuple[GenerationServicer, RunningRequests
 
 @pytest.mark.anyio
 async def test_server_info_and_load() -> None:
-    status = ServerStatus(lambda: PODS, tokenizer_pool_size=2, serving=True, http_port=8000)
+    status = ServerStatus(
+        lambda: PODS, 2, lambda: 3, router_worker=1, num_router_workers=2, serving=True, http_port=8000
+    )
     servicer, _ = _servicer(status)
     context: Any = None
     info = await servicer.GetServerInfo(generation_pb2.GetServerInfoRequest(), context)
@@ -42,10 +44,10 @@ async def test_server_info_and_load() -> None:
                                         draining=True, tensor_parallel_size=2, pipeline_parallel_size=1),
               generation_pb2.PodSummary(pod_id="prefill-0", role="prefill", address="127.0.0.1:1", generation=5,
                                         tensor_parallel_size=1, pipeline_parallel_size=1)],
-        num_prefill_pods=1, num_decode_pods=0, tokenizer_pool_size=2, http_port=8000,
+        num_prefill_pods=1, num_decode_pods=0, tokenizer_pool_size=2, http_port=8000, num_router_workers=2,
     )  # fmt: skip
     load = await servicer.GetLoad(generation_pb2.GetLoadRequest(), context)
-    assert load.state == generation_pb2.SERVER_STATE_SERVING
+    assert (load.state, load.num_running_requests, load.router_worker) == (generation_pb2.SERVER_STATE_SERVING, 3, 1)
     assert [(p.pod.pod_id, p.state, p.num_running, p.num_waiting, p.num_free_blocks, p.num_total_blocks)
             for p in load.pods] == [
         ("decode-0", generation_pb2.SERVER_STATE_DRAINING, 1, 0, 10, 16),

@@ -22,12 +22,12 @@ def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.Capt
         "--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3", "--registry-refresh-s", "0.5",
         "--max-attempts", "5", "--missing-pod-grace-s", "0.6", "--otlp-endpoint", "http://c:4317",
         "--metrics-port", "9100",
-    ])  # fmt: skip
+    ], environ={})  # fmt: skip
     assert config == RouterConfig(port=0, redis_url="redis://r:1/0", tokenizer_pool_size=3, registry_refresh_s=0.5)
     assert routing == RoutingConfig(max_attempts=5, missing_pod_grace_s=0.6)
     assert telemetry == TelemetryConfig(otlp_endpoint="http://c:4317", metrics_port=9100)
     assert security == RouterSecurity()
-    assert parse_args([]) == (RouterConfig(), RoutingConfig(), TelemetryConfig(), RouterSecurity())
+    assert parse_args([], environ={}) == (RouterConfig(), RoutingConfig(), TelemetryConfig(), RouterSecurity())
     with pytest.raises(SystemExit) as info:
         parse_args(["--block-size", "24"])
     assert info.value.code == 2
@@ -57,3 +57,22 @@ def test_the_router_serves_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(router_main, "serve", serve)
     assert router_main.main(["--port", "0"]) == 0
     assert loops == [uvloop.Loop]
+
+
+def test_more_than_one_worker_runs_the_supervisor_one_serves_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    supervised: list[tuple[RouterConfig, int]] = []
+    served: list[RouterConfig] = []
+
+    def supervise(config: RouterConfig, routing: object, telemetry: object, security: object, workers: int) -> int:
+        supervised.append((config, workers))
+        return 3
+
+    async def serve(config: RouterConfig, *configs: object) -> None:
+        served.append(config)
+
+    monkeypatch.setattr(router_main, "supervise", supervise)
+    monkeypatch.setattr(router_main, "serve", serve)
+    assert router_main.main(["--workers", "2", "--port", "0"]) == 3
+    assert supervised == [(RouterConfig(port=0, workers=2), 2)]
+    assert router_main.main(["--workers", "1", "--port", "0"]) == 0
+    assert served == [RouterConfig(port=0, workers=1)]

@@ -575,14 +575,17 @@ class GetServerInfoResponse(_message.Message):
     NUM_DECODE_PODS_FIELD_NUMBER: _builtins.int
     TOKENIZER_POOL_SIZE_FIELD_NUMBER: _builtins.int
     HTTP_PORT_FIELD_NUMBER: _builtins.int
+    NUM_ROUTER_WORKERS_FIELD_NUMBER: _builtins.int
     num_prefill_pods: _builtins.int
     """Number of live prefill pods not draining."""
     num_decode_pods: _builtins.int
     """Number of live decode pods not draining."""
     tokenizer_pool_size: _builtins.int
-    """Tokenizer worker processes of the router."""
+    """Tokenizer worker processes of the router, all of its processes' together."""
     http_port: _builtins.int
     """Port of the router's HTTP API; 0 when it is off."""
+    num_router_workers: _builtins.int
+    """Processes serving the router's ports (its --workers), each answering the connections the kernel gives it."""
     @_builtins.property
     def model(self) -> Global___GetModelInfoResponse:
         """The served model."""
@@ -605,10 +608,11 @@ class GetServerInfoResponse(_message.Message):
         num_decode_pods: _builtins.int = ...,
         tokenizer_pool_size: _builtins.int = ...,
         http_port: _builtins.int = ...,
+        num_router_workers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["http_port", b"http_port", "model", b"model", "num_decode_pods", b"num_decode_pods", "num_prefill_pods", b"num_prefill_pods", "pods", b"pods", "roles", b"roles", "tokenizer_pool_size", b"tokenizer_pool_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["http_port", b"http_port", "model", b"model", "num_decode_pods", b"num_decode_pods", "num_prefill_pods", b"num_prefill_pods", "num_router_workers", b"num_router_workers", "pods", b"pods", "roles", b"roles", "tokenizer_pool_size", b"tokenizer_pool_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -684,10 +688,15 @@ class GetLoadResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
+    ROUTER_WORKER_FIELD_NUMBER: _builtins.int
     state: Global___ServerState.ValueType
-    """The router's own state."""
+    """The state of the router process that answered (every process drains on the same signal)."""
     num_running_requests: _builtins.int
-    """Requests running on this router."""
+    """Requests running on this router, in all of its processes."""
+    router_worker: _builtins.int
+    """Which of the router's processes answered (0 to num_router_workers - 1 of GetServerInfo): the one holding the
+    call's connection.
+    """
     @_builtins.property
     def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodLoad]:
         """Each live pod's load, sorted by pod id."""
@@ -698,10 +707,11 @@ class GetLoadResponse(_message.Message):
         state: Global___ServerState.ValueType = ...,
         num_running_requests: _builtins.int = ...,
         pods: _abc.Iterable[Global___PodLoad] | None = ...,
+        router_worker: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_running_requests", b"num_running_requests", "pods", b"pods", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_running_requests", b"num_running_requests", "pods", b"pods", "router_worker", b"router_worker", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -99,7 +99,8 @@ class GenerationServiceServicer:
 
     def Abort(self, request, context):
         """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-        Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+        Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods), in
+        whichever of the router's processes it runs (a router with several processes forwards the Abort to the others).
         An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
         after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
         request ends with code CANCELLED (a 499, or an error event in a stream).

@@ -46,7 +46,8 @@ class GenerationServiceStub:
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _grpc.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods), in
+    whichever of the router's processes it runs (a router with several processes forwards the Abort to the others).
     An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
     after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
     request ends with code CANCELLED (a 499, or an error event in a stream).
@@ -74,7 +75,8 @@ class GenerationServiceAsyncStub(GenerationServiceStub):
     """Tokenizes a prompt exactly as Generate would, without generating."""
     Abort: _aio.UnaryUnaryMultiCallable[_generation_pb2.AbortRequest, _generation_pb2.AbortResponse]  # type: ignore[assignment]
     """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+    Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods), in
+    whichever of the router's processes it runs (a router with several processes forwards the Abort to the others).
     An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
     after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
     request ends with code CANCELLED (a 499, or an error event in a stream).
@@ -123,7 +125,8 @@ class GenerationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_generation_pb2.AbortResponse, _abc.Awaitable[_generation_pb2.AbortResponse]]:
         """Aborts a running request by its request_id, on whichever API it arrived (gRPC or HTTP); idempotent.
-        Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods).
+        Every running request of that id is cancelled, and with it its pod calls and KV (freed on both pods), in
+        whichever of the router's processes it runs (a router with several processes forwards the Abort to the others).
         An aborted Generate stream ends at once with status CANCELLED (details "request '<id>' was aborted"),
         after the messages already sent; no final message with FINISH_REASON_ABORT is sent. An aborted HTTP
         request ends with code CANCELLED (a 499, or an error event in a stream).
