@@ -1,5 +1,6 @@
 """`pdserve up`: Redis, the pods and the router (and, with --autoscale, the autoscaler) as local processes until
-Ctrl-C; flags it does not know go to every pod."""
+Ctrl-C or SIGTERM (`cli.stop_signals`; a SIGKILL takes them along too: `common.child_process`); flags it does not
+know go to every pod."""
 
 from __future__ import annotations
 
@@ -7,18 +8,17 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, TypeAlias
 
 from cli.autoscaler import commands as autoscale
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
 from cli.credentials import ClusterCredentials
 from cli.service_process import ClusterError
+from cli.stop_signals import stopping_on_signals
 from common.config import ConfigValueError
 from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
@@ -85,42 +85,36 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     if args.secure:
         config = _secured(config, args.secure_dir)
     cluster = LocalCluster(config)
-    autoscaler = None
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    # NOTE: SIGINT too: a shell starting `pdserve up` in the background (no job control) leaves it ignored.
-    for sig in handlers:
-        signal.signal(sig, _raise_interrupt)
-    try:
-        autoscaler = _start(cluster, config, args, autoscale_config)
-        while (exited := cluster.poll_exited()) is None:
-            time.sleep(_WATCH_INTERVAL_S)
-        print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
-              f"{exited.log_tail()}", file=sys.stderr)  # fmt: skip
-        return 1
-    except ClusterError as exc:
-        print(f"pdserve: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("pdserve: stopping the cluster", file=sys.stderr)
-        return 0
-    finally:
-        # NOTE: a second Ctrl-C must not cut the shutdown short and orphan the pods while they drain.
-        for sig in handlers:
-            signal.signal(sig, signal.SIG_IGN)
+    autoscaler: Autoscaler | None = None
+
+    def stop() -> None:
         if autoscaler is not None:
             autoscaler.stop_thread()
         cluster.stop()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+
+    with stopping_on_signals(stop):
+        try:
+            cluster.start()
+            autoscaler = _announce(cluster, config, args, autoscale_config)
+            while (exited := cluster.poll_exited()) is None:
+                time.sleep(_WATCH_INTERVAL_S)
+            print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
+                  f"{exited.log_tail()}", file=sys.stderr)  # fmt: skip
+            return 1
+        except ClusterError as exc:
+            print(f"pdserve: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("pdserve: stopping the cluster", file=sys.stderr)
+            return 0
 
 
-def _start(
+def _announce(
     cluster: LocalCluster, config: ClusterConfig, args: argparse.Namespace, autoscale_config: AutoscalerConfig | None
 ) -> Autoscaler | None:
-    """Start the cluster (and its autoscaler, if asked) and print where everything is."""
+    """Print where everything of the started cluster is, and start its autoscaler, if asked."""
     from cli.autoscaler.run import start_for_cluster
 
-    cluster.start()
     print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
           f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
     for name, url in cluster.metrics_urls.items():
@@ -157,7 +151,3 @@ def _secured(config: ClusterConfig, folder: Path | None) -> ClusterConfig:
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-cluster-"))
     credentials = ClusterCredentials.create(folder or log_dir / "secure")
     return dataclasses.replace(config, log_dir=log_dir, credentials=credentials)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -3,7 +3,6 @@ Generate equals the offline engine's token for token; Ctrl-C stops every process
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import signal
@@ -19,7 +18,9 @@ import pytest
 
 from cli.client import GenerationClient
 from cli.ports import free_port
+from common.child_process import popen_child
 from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
+from tests.process_tree import descendants, still_running
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
 PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
@@ -57,28 +58,6 @@ def _tail(path: Path, num_lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else "(none)"
 
 
-def _children(pid: int) -> list[int]:
-    """Process ids whose parent is `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _forward_lines(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
     for line in process.stdout or ():
         lines.put(line)
@@ -93,7 +72,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
             "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(free_port()),
             *POD_ARGS]  # fmt: skip
     with stderr_path.open("w") as stderr:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+        process = popen_child(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_forward_lines, args=(process, lines), daemon=True).start()
     running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, {})
@@ -155,8 +134,10 @@ def test_pdserve_generate_prints_the_bad_field_and_exits_non_zero(up: Up) -> Non
 
 
 def test_ctrl_c_stops_every_process_pdserve_up_started(up: Up) -> None:
-    children = _children(up.process.pid)
+    tree = descendants(up.process.pid)
+    children = [p for p in tree if p.parent_pid == up.process.pid]
     assert len(children) == 4, children  # redis-server, one prefill pod, one decode pod, the router
+    assert len(tree) > 4, tree  # and theirs: the router's tokenizer workers
     up.process.send_signal(signal.SIGINT)
     assert up.process.wait(60) == 0, up.logs()
-    assert [pid for pid in children if _alive(pid)] == []
+    assert still_running(tree, 0.0) == []

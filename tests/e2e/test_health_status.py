@@ -18,6 +18,7 @@ from cli.cluster import LocalCluster
 from cli.health import check_health
 from cli.ports import free_port
 from cli.redis_server import RedisServer
+from common.child_process import popen_child
 from common.pod_registry import PodInfo, PodRegistry
 from tests.e2e.support import wait_until
 
@@ -38,7 +39,7 @@ def loading_server() -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     argv = [sys.executable, STANDIN, "--role", "router", "--port", address.rpartition(":")[2], "--load-s", "60",
             "--redis-url", "redis://127.0.0.1:1/0"]  # fmt: skip
-    process = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = popen_child(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert wait_until(lambda: asyncio.run(check_health(address, timeout_s=1.0)).status == "NOT_SERVING", 30.0)
         yield address
