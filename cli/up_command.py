@@ -1,6 +1,6 @@
 """`pdserve up`: Redis, the pods and the router (and, with --autoscale, the autoscaler) as local processes until
 Ctrl-C or SIGTERM (`cli.stop_signals`; a SIGKILL takes them along too: `common.child_process`); flags it does not
-know go to every pod."""
+know go to every pod. While the cluster serves, a note tells `pdserve status` where it is (`cli.running_cluster`)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from cli.autoscaler.config import AutoscalerConfig
     from cli.autoscaler.service import Autoscaler
     from cli.cluster import LocalCluster
+    from cli.running_cluster import ClusterNote
+
+logger = logging.getLogger(__name__)
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -86,15 +89,21 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
         config = _secured(config, args.secure_dir)
     cluster = LocalCluster(config)
     autoscaler: Autoscaler | None = None
+    note: ClusterNote | None = None
 
     def stop() -> None:
         if autoscaler is not None:
             autoscaler.stop_thread()
-        cluster.stop()
+        try:
+            cluster.stop()
+        finally:
+            if note is not None:
+                note.remove()
 
     with stopping_on_signals(stop):
         try:
             cluster.start()
+            note = _leave_note(cluster)
             autoscaler = _announce(cluster, config, args, autoscale_config)
             while (exited := cluster.poll_exited()) is None:
                 time.sleep(_WATCH_INTERVAL_S)
@@ -131,6 +140,17 @@ def _announce(
         print(f"  autoscaler metrics: {autoscaler_url or 'off'}", flush=True)
         return autoscaler
     return None
+
+
+def _leave_note(cluster: LocalCluster) -> ClusterNote | None:
+    """The note by which `pdserve status` finds the cluster; None (and a warning) where it cannot be written."""
+    from cli.running_cluster import ClusterNote, RunningCluster, notes_folder
+
+    try:
+        return ClusterNote.write(notes_folder(os.environ), RunningCluster.of(cluster))
+    except OSError as exc:
+        logger.warning("`pdserve status` will not find this cluster without --redis-url: %s", exc)
+        return None
 
 
 def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterConfig:

@@ -18,8 +18,9 @@ import pytest
 
 from cli.client import GenerationClient
 from cli.ports import free_port
+from cli.running_cluster import notes_folder
 from common.child_process import popen_child
-from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
+from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently, up_env
 from tests.process_tree import descendants, still_running
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
@@ -45,6 +46,8 @@ class Up:
     address: str
     log_dir: Path
     stderr_path: Path
+    env: dict[str, str]
+    """Its environment, which `pdserve status` needs to find it: XDG_RUNTIME_DIR a folder of its own."""
     metrics_urls: dict[str, str]
     """What `pdserve up` listed under its first line: process name -> /metrics URL."""
 
@@ -71,11 +74,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
             "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(free_port()),
             *POD_ARGS]  # fmt: skip
+    env = up_env(tmp_path_factory.mktemp("xdg-runtime"))
     with stderr_path.open("w") as stderr:
-        process = popen_child(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+        process = popen_child(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_forward_lines, args=(process, lines), daemon=True).start()
-    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, {})
+    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, env, {})
     try:
         line = lines.get(timeout=STARTUP_TIMEOUT_S)
         for _ in range(3):
@@ -133,6 +137,14 @@ def test_pdserve_generate_prints_the_bad_field_and_exits_non_zero(up: Up) -> Non
     assert "\n  sampling_params.top_p: " in done.stderr
 
 
+def test_pdserve_status_without_flags_shows_the_pods_and_router_of_pdserve_up(up: Up) -> None:
+    shown = subprocess.run([*PDSERVE, "status"], capture_output=True, text=True, timeout=60, env=up.env)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines()]
+    assert [row[:3] for row in rows[1:3]] == [["decode-0", "decode", "serving"], ["prefill-0", "prefill", "serving"]]
+    assert rows[3:] == [[], ["ROUTER", "STATE"], [up.address, "serving"]]
+
+
 def test_ctrl_c_stops_every_process_pdserve_up_started(up: Up) -> None:
     tree = descendants(up.process.pid)
     children = [p for p in tree if p.parent_pid == up.process.pid]
@@ -141,3 +153,4 @@ def test_ctrl_c_stops_every_process_pdserve_up_started(up: Up) -> None:
     up.process.send_signal(signal.SIGINT)
     assert up.process.wait(60) == 0, up.logs()
     assert still_running(tree, 0.0) == []
+    assert list(notes_folder(up.env).iterdir()) == []  # the note `pdserve status` found it by is gone too

@@ -20,7 +20,7 @@ import pytest
 
 from cli.ports import free_port
 from common.child_process import popen_child
-from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S
+from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, up_env
 from tests.process_tree import ProcessId, descendants, still_running
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
@@ -34,9 +34,9 @@ BENCH_CLIENTS = 2
 STOPS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 
 
-def _launch(argv: Sequence[str], output: Path) -> subprocess.Popen[str]:
+def _launch(argv: Sequence[str], output: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     with output.open("w") as out:
-        launcher: subprocess.Popen[str] = popen_child(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
+        launcher: subprocess.Popen[str] = popen_child(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
     return launcher
 
 
@@ -68,10 +68,11 @@ def _stop(launcher: subprocess.Popen[str], tree: list[ProcessId], sig: signal.Si
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", STOPS)
 def test_pdserve_up_leaves_no_process_behind(sig: signal.Signals, tmp_path: Path) -> None:
+    env = up_env(tmp_path / "runtime")
     output = tmp_path / "pdserve-up.out"
     flags = ["--http-port", "0", "--metrics-port", "-1", "--registry-refresh-s", "0.2", "--port", str(free_port())]
     argv = [*PDSERVE, "up", *flags, "--log-dir", str(tmp_path / "logs"), *POD_ARGS]
-    launcher = _launch(argv, output)
+    launcher = _launch(argv, output, env)
     try:
         tree = _tree_once(launcher, output, lambda tree: "pdserve router listening" in output.read_text())
         assert _holds(tree, *CLUSTER), tree
@@ -79,6 +80,10 @@ def test_pdserve_up_leaves_no_process_behind(sig: signal.Signals, tmp_path: Path
     finally:
         launcher.kill()
         launcher.wait()
+    # NOTE: `pdserve status` finds no cluster: SIGTERM removed the note it finds one by; SIGKILL left the note unlocked.
+    shown = subprocess.run([*PDSERVE, "status"], capture_output=True, text=True, timeout=60, env=env)
+    assert shown.returncode == 1
+    assert shown.stderr.startswith("pdserve status: no `pdserve up` cluster is running"), shown.stderr
 
 
 @pytest.mark.slow
@@ -90,7 +95,7 @@ def test_pdserve_bench_leaves_no_process_behind(sig: signal.Signals, tmp_path: P
     clients = ["--warmup-prompts", "2", "--client-procs", str(BENCH_CLIENTS), "--no-progress"]
     logs = ["--pod-arg", " ".join(POD_ARGS), "--log-dir", str(tmp_path / "logs")]
     argv = [*PDSERVE, "bench", "--workload", "w8", *load, *clients, *logs]
-    launcher = _launch(argv, output)
+    launcher = _launch(argv, output, up_env(tmp_path / "runtime"))
 
     def clients_running(tree: list[ProcessId]) -> bool:
         return sum("multiprocessing.spawn" in p.command and p.parent_pid == launcher.pid for p in tree) == BENCH_CLIENTS
