@@ -43,7 +43,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args, module = parse_args(argv)
-    result = module.run(args)
+    try:
+        result = module.run(args)
+    except KeyboardInterrupt:
+        # NOTE: SIGINT, or SIGTERM while a cluster of the run's own was up (it has been stopped by now).
+        print("pdserve bench: interrupted; no figures", file=sys.stderr)
+        return 130
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

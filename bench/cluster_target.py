@@ -1,5 +1,6 @@
 """The cluster an online benchmark talks to: an already running router (`--address`), or a `LocalCluster`
-(Redis, pods and router as child processes) started for the run and stopped after it.
+(Redis, pods and router as child processes) started for the run and stopped after it, also when the run is stopped
+by SIGINT or SIGTERM (`cli.stop_signals`; SIGKILL takes the cluster along too: `common.child_process`).
 
 Random-weight shapes (`--model-shape qwen3-8b`) run as `--model shape:qwen3-8b --load-format dummy` on every pod.
 Their folder holds only config.json, so the router, which needs a tokenizer to detokenize, gets `--tokenizer`:
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig, parse_gpus
+from cli.stop_signals import stopping_on_signals
 from common.pod_registry import PodRegistry
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model
@@ -81,7 +83,8 @@ def write_synthetic_tokenizer(folder: Path, vocab_size: int) -> Path:
 
 @contextlib.contextmanager
 def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
-    """The running router at --address, or a LocalCluster of --num-prefill + --num-decode pods for the run."""
+    """The running router at --address, or a LocalCluster of --num-prefill + --num-decode pods for the run (call it
+    from the main thread: SIGINT and SIGTERM raise KeyboardInterrupt while the cluster runs)."""
     if args.address:
         yield Serving(args.address, args.redis_url, args.router_pid)
         return
@@ -93,7 +96,9 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
             log_dir=args.log_dir, startup_timeout_s=args.startup_timeout_s, show_progress=args.progress,
             metrics_port=None, gpus=parse_gpus(args.gpus or ""),
         )  # fmt: skip
-        with LocalCluster(config) as cluster:
+        cluster = LocalCluster(config)
+        with stopping_on_signals(cluster.stop):
+            cluster.start()
             router = cluster.router
             yield Serving(cluster.router_address, cluster.redis_url, router.pid if router is not None else None)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from common.child_process import die_with_parent
 from kv_transfer import KVLayout, KVPoolView, KVSender, TransferState
 from kv_transfer.factory import make_pod_sender
 from kv_transfer.pool_io import block_index, pool_words
@@ -113,8 +115,10 @@ def _timed_transfer(sender: KVSender, order: TransferOrder, devices: Sequence[to
     return Timing(state, seconds, str(sender.stats(order.transfer_id).error or ""))
 
 
-def _sender_main(conn: Connection, setup: SenderSetup) -> None:
-    """The child: a pool of random bits per rank and the pod's sender over them, serving orders until None."""
+def _sender_main(conn: Connection, setup: SenderSetup, parent_pid: int) -> None:
+    """The child: a pool of random bits per rank and the pod's sender over them, serving orders until None; it dies
+    with the benchmark's process (`parent_pid`), whose pools go with it."""
+    die_with_parent(parent_pid)
     views = rank_views(setup.layouts, setup.num_blocks, torch.device(setup.device))
     devices = [view.pool.device for view in views]
     words = [pool_words(view.pool) for view in views]
@@ -135,7 +139,9 @@ class SenderProcess:
     def __init__(self, setup: SenderSetup) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_sender_main, args=(child_conn, setup), name="w6-sender", daemon=True)
+        self._process = context.Process(
+            target=_sender_main, args=(child_conn, setup, os.getpid()), name="w6-sender", daemon=True
+        )
         self._process.start()
         child_conn.close()
         self.device_name: str = self._receive()

@@ -34,6 +34,7 @@ from bench.cluster_target import ModelChoice, pod_addresses, serving
 from bench.load_driver import RunResult, merge, run_closed_loop, summarize
 from bench.router_client import PodDirectTarget, RouterTarget
 from bench.workloads import RequestSpec, fixed_requests
+from common.child_process import die_with_parent
 from engine.model_store import resolve_model
 
 
@@ -140,9 +141,21 @@ def _client_pool(num_procs: int) -> Iterator[Executor | None]:
     if num_procs <= 1:
         yield None
         return
-    # NOTE: spawn, not fork: this process may hold CUDA state or threads that a fork must not copy.
-    with ProcessPoolExecutor(num_procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # NOTE: spawn, not fork: this process may hold CUDA state or threads that a fork must not copy. The clients die
+    # with this process, however it ends.
+    context = multiprocessing.get_context("spawn")
+    others = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(num_procs, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
+    try:
         yield pool
+    except BaseException:
+        # NOTE: an interrupted run (SIGINT, SIGTERM) yields no figures: its clients stop at once, cancelling their
+        # requests, so that the cluster's pods have nothing left to drain.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for client in set(multiprocessing.active_children()) - others:
+            client.terminate()
+        raise
+    pool.shutdown()
 
 
 def run_w8(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:

@@ -11,6 +11,7 @@ pdserve generate "prompt" [--address localhost:50051] [--max-tokens 64] [--tempe
 pdserve health ADDRESS [--service NAME] [--timeout-s 2] [--tls-ca ca.pem [--tls-cert c.pem --tls-key k.pem]]
                                                               (exit 0 when SERVING: container and k8s probes)
 pdserve status [--redis-url URL] [--router ADDRESS ...] [--json] [--tls-ca ca.pem]
+                                               (no --redis-url: the cluster `pdserve up` runs on this machine)
 pdserve credentials DIR                    (a throwaway CA, certificates, token, Redis password: compose, k8s)
 """
 
@@ -40,7 +41,6 @@ _SERVICE_MAINS = {
         "the benchmark workloads: offline, KV transfer, online",
     ),
 }
-_DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _REDIS_URL_VARIABLE = "PDSERVE_REDIS_URL"
 
 
@@ -91,11 +91,15 @@ def _add_health(commands: Commands) -> None:
 def _add_status(commands: Commands) -> None:
     status = commands.add_parser("status", help="list the registered pods (state, load, KV use) and routers' health",
                                  description="Every pod in the Redis pod registry, as of its last heartbeat; "
-                                 "routers do not register: name them with --router to see their health.")  # fmt: skip
-    status.add_argument("--redis-url", default=os.environ.get(_REDIS_URL_VARIABLE, _DEFAULT_REDIS_URL),
-                        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, or {_DEFAULT_REDIS_URL})")  # fmt: skip
+                                 "routers do not register: name them with --router to see their health. Without "
+                                 "--redis-url: the pods and the router of the cluster that `pdserve up` runs on this "
+                                 "machine.")  # fmt: skip
+    status.add_argument("--redis-url", default=os.environ.get(_REDIS_URL_VARIABLE),
+                        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, else the Redis of the cluster that "
+                        "`pdserve up` runs on this machine)")  # fmt: skip
     status.add_argument("--router", action="append", default=[], metavar="ADDRESS",
-                        help="host:port of a router to health-check (repeatable)")  # fmt: skip
+                        help="host:port of a router to health-check (repeatable; default: none, or the router of the "
+                        "`pdserve up` cluster)")  # fmt: skip
     status.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of a table")
     status.add_argument("--tls-ca", help="dial the routers over TLS, verifying them against this PEM CA")
     status.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
@@ -120,10 +124,15 @@ def _health(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _status(args: argparse.Namespace, extra: list[str]) -> int:
+    from cli.running_cluster import notes_folder, the_running_cluster
     from cli.status import read_status, to_json, to_table
 
+    redis_url, routers, tls_ca = args.redis_url, args.router, args.tls_ca
     try:
-        status = asyncio.run(read_status(args.redis_url, args.router, args.timeout_s, client_security(args.tls_ca)))
+        if redis_url is None:
+            local = the_running_cluster(notes_folder(os.environ))
+            redis_url, routers, tls_ca = local.redis_url, routers or [local.router_address], tls_ca or local.tls_ca
+        status = asyncio.run(read_status(redis_url, routers, args.timeout_s, client_security(tls_ca)))
     except UnavailableError as exc:
         print(f"pdserve status: {exc}", file=sys.stderr)
         return 1

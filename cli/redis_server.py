@@ -2,7 +2,8 @@
 
 No persistence (`--save ''`, `--appendonly no`), its own temporary working directory, a free port
 picked at the first start and kept across restarts, so a client's URL stays valid when the server
-is stopped mid-run and started again.
+is stopped mid-run and started again. The server dies with the process that started it, however that one ends
+(`common.child_process`).
 
 With a `password`, the server requires it (`requirepass`, written to a config file of mode 0600 in its
 working directory, never on the command line); with `tls` (`RedisTLS`) it serves TLS only, and `url` is a
@@ -25,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cli.ports import free_port
+from common.child_process import popen_child
 
 _INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis`"
 _LOG_TAIL_LINES = 20
@@ -161,7 +163,7 @@ class RedisServer:
         log_path = self._workdir / "redis.log"
         argv = [self._binary, str(self._write_config(self._workdir)), "--dir", str(self._workdir), *_OPTIONS]
         with log_path.open("wb") as log:
-            self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            self._process = popen_child(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self._startup_timeout_s
         # NOTE: check the pid: a server already on the port would answer just as well.
         while _answering_pid(self._port, self._password, self._tls) != self._process.pid:

@@ -1,7 +1,8 @@
 """One child process of a local pdserve cluster: `ServiceProcess`, and `ClusterError` for one that fails.
 
-The process runs in a session of its own and logs stdout and stderr to its own file; `wait_serving` waits
-until it reports SERVING on grpc.health.v1, or raises `ClusterError` with its log tail if it exits first.
+The process runs in a session of its own, dies with the process that started it (`common.child_process`: a
+SIGKILL of the launcher takes it along) and logs stdout and stderr to its own file; `wait_serving` waits until it
+reports SERVING on grpc.health.v1, or raises `ClusterError` with its log tail if it exits first.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.child_process import popen_child
 from common.grpc_server import wait_for_health
 from common.tls import ChannelSecurity
 
@@ -50,7 +52,7 @@ class ServiceProcess:
         with log_path.open("ab") as log:
             # NOTE: a session of its own, so a Ctrl-C in the terminal reaches only the CLI, which then
             # stops the children in order (router first, Redis last) instead of all at once.
-            self._popen = subprocess.Popen(
+            self._popen: subprocess.Popen[bytes] = popen_child(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
                 start_new_session=True,
             )  # fmt: skip

@@ -1,5 +1,6 @@
 """`pdserve up`: Redis, the pods and the router (and, with --autoscale, the autoscaler) as local processes until
-Ctrl-C; flags it does not know go to every pod."""
+Ctrl-C or SIGTERM (`cli.stop_signals`; a SIGKILL takes them along too: `common.child_process`); flags it does not
+know go to every pod. While the cluster serves, a note tells `pdserve status` where it is (`cli.running_cluster`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,17 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, TypeAlias
 
 from cli.autoscaler import commands as autoscale
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
 from cli.credentials import ClusterCredentials
 from cli.service_process import ClusterError
+from cli.stop_signals import stopping_on_signals
 from common.config import ConfigValueError
 from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from cli.autoscaler.config import AutoscalerConfig
     from cli.autoscaler.service import Autoscaler
     from cli.cluster import LocalCluster
+    from cli.running_cluster import ClusterNote
+
+logger = logging.getLogger(__name__)
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -91,42 +94,42 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     if args.secure:
         config = _secured(config, args.secure_dir)
     cluster = LocalCluster(config)
-    autoscaler = None
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    # NOTE: SIGINT too: a shell starting `pdserve up` in the background (no job control) leaves it ignored.
-    for sig in handlers:
-        signal.signal(sig, _raise_interrupt)
-    try:
-        autoscaler = _start(cluster, config, args, autoscale_config)
-        while (exited := cluster.poll_exited()) is None:
-            time.sleep(_WATCH_INTERVAL_S)
-        print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
-              f"{exited.log_tail()}", file=sys.stderr)  # fmt: skip
-        return 1
-    except ClusterError as exc:
-        print(f"pdserve: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("pdserve: stopping the cluster", file=sys.stderr)
-        return 0
-    finally:
-        # NOTE: a second Ctrl-C must not cut the shutdown short and orphan the pods while they drain.
-        for sig in handlers:
-            signal.signal(sig, signal.SIG_IGN)
+    autoscaler: Autoscaler | None = None
+    note: ClusterNote | None = None
+
+    def stop() -> None:
         if autoscaler is not None:
             autoscaler.stop_thread()
-        cluster.stop()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        try:
+            cluster.stop()
+        finally:
+            if note is not None:
+                note.remove()
+
+    with stopping_on_signals(stop):
+        try:
+            cluster.start()
+            note = _leave_note(cluster)
+            autoscaler = _announce(cluster, config, args, autoscale_config)
+            while (exited := cluster.poll_exited()) is None:
+                time.sleep(_WATCH_INTERVAL_S)
+            print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
+                  f"{exited.log_tail()}", file=sys.stderr)  # fmt: skip
+            return 1
+        except ClusterError as exc:
+            print(f"pdserve: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("pdserve: stopping the cluster", file=sys.stderr)
+            return 0
 
 
-def _start(
+def _announce(
     cluster: LocalCluster, config: ClusterConfig, args: argparse.Namespace, autoscale_config: AutoscalerConfig | None
 ) -> Autoscaler | None:
-    """Start the cluster (and its autoscaler, if asked) and print where everything is."""
+    """Print where everything of the started cluster is, and start its autoscaler, if asked."""
     from cli.autoscaler.run import start_for_cluster
 
-    cluster.start()
     print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
           f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
     for name, url in cluster.metrics_urls.items():
@@ -143,6 +146,17 @@ def _start(
         print(f"  autoscaler metrics: {autoscaler_url or 'off'}", flush=True)
         return autoscaler
     return None
+
+
+def _leave_note(cluster: LocalCluster) -> ClusterNote | None:
+    """The note by which `pdserve status` finds the cluster; None (and a warning) where it cannot be written."""
+    from cli.running_cluster import ClusterNote, RunningCluster, notes_folder
+
+    try:
+        return ClusterNote.write(notes_folder(os.environ), RunningCluster.of(cluster))
+    except OSError as exc:
+        logger.warning("`pdserve status` will not find this cluster without --redis-url: %s", exc)
+        return None
 
 
 def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterConfig:
@@ -164,7 +178,3 @@ def _secured(config: ClusterConfig, folder: Path | None) -> ClusterConfig:
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-cluster-"))
     credentials = ClusterCredentials.create(folder or log_dir / "secure")
     return dataclasses.replace(config, log_dir=log_dir, credentials=credentials)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -5,7 +5,8 @@ directly: one request costs a pickled string out and a list of ids back, with no
 in between (a ProcessPoolExecutor round trip costs ~3-10x more). Requests go to the worker with
 the fewest outstanding ones; a request's queue time (behind the worker's earlier ones: a worker
 answers in order) goes to the pool's `on_queue_time` hook. Workers are forked from a forkserver
-that has imported this module (and transformers) once, so starting N workers costs one import, not N.
+that has imported this module (and transformers) once, so starting N workers costs one import, not N; they never
+outlive the router (`common.child_process`).
 After an input of more than `TRIM_AFTER_CHARS` a worker hands the heap its tokenization grew back to
 the OS (glibc's malloc_trim): without it one 2 MB prompt left a worker at ~2.5x its baseline memory.
 """
@@ -30,6 +31,7 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from common.child_process import die_with_parent
 from common.errors import InvalidArgumentError, UnavailableError
 from router.tokenizer_worker import ERROR, INVALID, OK, TokenizerWorker
 
@@ -86,6 +88,9 @@ def _malloc_trim() -> Callable[[], None]:
 
 def _worker_main(conn: Connection, folder: Path) -> None:
     """A worker process: load the tokenizer, say ready, then answer (id, op, arg) frames until EOF."""
+    # NOTE: the parent is the router's forkserver, which exits with the router (multiprocessing's alive pipe): a
+    # worker busy with a long input goes at once too. One forked as the forkserver died sees its socket's EOF.
+    die_with_parent(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         tokenizer = load_tokenizer(folder)

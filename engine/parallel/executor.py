@@ -1,9 +1,10 @@
 """The engine's side of a parallel engine: starts one worker process per rank and drives them step by step.
 
 Lifecycle: check that the sizes split the model -> spawn tensor_parallel_size x pipeline_parallel_size workers
-(`engine.parallel.worker`) -> wait for every `WorkerReady` (KV pool sizes agree: the workers took the minimum) ->
-per step, send the pickled `SchedulerOutput` to every worker (one pickle, N pipe writes) and read the
-`RunnerOutput` from the output rank -> `close` (or the engine's exit) stops them.
+(`engine.parallel.worker`; each dies with this process, however it ends: `common.child_process`) -> wait for
+every `WorkerReady` (KV pool sizes agree: the workers took the minimum) -> per step, send the pickled
+`SchedulerOutput` to every worker (one pickle, N pipe writes) and read the `RunnerOutput` from the output rank ->
+`close` (or the engine's exit) stops them.
 
 A worker that dies or fails is seen at once: every wait also watches each worker's process sentinel, so a
 death raises `WorkerDiedError` instead of a hang, and the remaining workers are stopped.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import tempfile
 import weakref
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from common.child_process import on_spawner_thread
 from engine.config import EngineConfig
 from engine.models.arch_config import ArchConfig
 from engine.parallel.rank import check_parallel_sizes
@@ -61,10 +64,12 @@ class ParallelExecutor:
         for world_rank in range(parallel.world_size):
             conn, child_conn = ctx.Pipe()
             process = ctx.Process(
-                target=run_worker, args=(world_rank, config, model_path, store, child_conn), daemon=True,
-                name=f"pdserve-worker-{world_rank}",
+                target=run_worker, args=(world_rank, config, model_path, store, child_conn, os.getpid()),
+                daemon=True, name=f"pdserve-worker-{world_rank}",
             )  # fmt: skip
-            process.start()
+            # NOTE: started from the spawner thread, whose life the workers' parent-death signal is tied to: the
+            # thread building the engine may end long before the engine (a pod builds it in asyncio.to_thread).
+            on_spawner_thread(process.start)
             child_conn.close()
             self.processes.append(process)
             self.conns.append(conn)

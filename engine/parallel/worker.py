@@ -1,10 +1,11 @@
 """One worker process of a parallel engine: its device, its process groups, its `ModelRunner` shard.
 
-Lifecycle: join the process group (NCCL on CUDA, gloo on CPU; a file store in the engine's temp folder) -> build
-the runner (loading only this rank's slices) -> report `WorkerReady` (with the KV pool, shared with the engine's
-process) -> run each pickled `SchedulerOutput` the engine sends, the output rank (TP rank 0 of the last stage)
-answering with the `RunnerOutput` -> stop on an empty message or when the engine's end of the pipe closes. Any
-exception is reported as `WorkerFailed` before the process exits non-zero.
+Lifecycle: tie this process's life to the engine's process (`common.child_process`) -> join the process group
+(NCCL on CUDA, gloo on CPU; a file store in the engine's temp folder) -> build the runner (loading only this rank's
+slices) -> report `WorkerReady` (with the KV pool, shared with the engine's process) -> run each pickled
+`SchedulerOutput` the engine sends, the output rank (TP rank 0 of the last stage) answering with the `RunnerOutput`
+-> stop on an empty message or when the engine's end of the pipe closes. Any exception is reported as
+`WorkerFailed` before the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.child_process import die_with_parent
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, resolve_device
 from engine.parallel.communicator import Communicator
@@ -98,8 +100,12 @@ def _serve(runner: ModelRunner, conn: Connection, answers: bool) -> None:
             conn.send_bytes(pickle.dumps(output))
 
 
-def run_worker(world_rank: int, config: EngineConfig, model_path: Path, store: Path, conn: Connection) -> None:
-    """The worker process's entry point (torch.multiprocessing spawn)."""
+def run_worker(
+    world_rank: int, config: EngineConfig, model_path: Path, store: Path, conn: Connection, parent_pid: int
+) -> None:
+    """The worker process's entry point (torch.multiprocessing spawn); `parent_pid`: the engine's process, which
+    the worker never outlives (its GPU memory goes with it)."""
+    die_with_parent(parent_pid)
     parallel = config.parallel
     rank = ParallelRank.of_world_rank(world_rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -104,6 +106,14 @@ def run_concurrently(client: GenerationClient, requests: Sequence[Mapping[str, A
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:
         futures = [pool.submit(run, client, **request) for request in requests]
         return [future.result() for future in futures]
+
+
+def up_env(runtime_dir: Path) -> dict[str, str]:
+    """This process's environment for a `pdserve up` or `pdserve status` subprocess, less PDSERVE_REDIS_URL, with
+    XDG_RUNTIME_DIR `runtime_dir`: where `pdserve up` leaves the note that `pdserve status` finds it by, apart from
+    any other `pdserve up` on the machine."""
+    env = {name: value for name, value in os.environ.items() if name != "PDSERVE_REDIS_URL"}
+    return {**env, "XDG_RUNTIME_DIR": str(runtime_dir)}
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:

@@ -38,6 +38,7 @@ from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from cli.redis_server import RedisServer
+from common.child_process import popen_child
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until
 
@@ -247,7 +248,7 @@ def test_pdserve_autoscale_kubernetes_publishes_the_target_count_and_exits_on_si
             "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--autoscale-interval-s", "0.2",
             "--prefill-waiting-high", "4",
         ]  # fmt: skip
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        process = popen_child(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"http://127.0.0.1:{port}/metrics"
             assert wait_until(lambda: targets(url) == {"prefill": 2.0}, 20.0, interval_s=0.1), targets(url)

@@ -3,7 +3,6 @@ Generate equals the offline engine's token for token; Ctrl-C stops every process
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import signal
@@ -19,7 +18,10 @@ import pytest
 
 from cli.client import GenerationClient
 from cli.ports import free_port
-from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently
+from cli.running_cluster import notes_folder
+from common.child_process import popen_child
+from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently, up_env
+from tests.process_tree import descendants, still_running
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
 PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
@@ -44,6 +46,8 @@ class Up:
     address: str
     log_dir: Path
     stderr_path: Path
+    env: dict[str, str]
+    """Its environment, which `pdserve status` needs to find it: XDG_RUNTIME_DIR a folder of its own."""
     metrics_urls: dict[str, str]
     """What `pdserve up` listed under its first line: process name -> /metrics URL."""
 
@@ -55,28 +59,6 @@ class Up:
 
 def _tail(path: Path, num_lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else "(none)"
-
-
-def _children(pid: int) -> list[int]:
-    """Process ids whose parent is `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _forward_lines(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
@@ -92,11 +74,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
             "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(free_port()),
             *POD_ARGS]  # fmt: skip
+    env = up_env(tmp_path_factory.mktemp("xdg-runtime"))
     with stderr_path.open("w") as stderr:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+        process = popen_child(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_forward_lines, args=(process, lines), daemon=True).start()
-    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, {})
+    running = Up(process, f"127.0.0.1:{port}", log_dir, stderr_path, env, {})
     try:
         line = lines.get(timeout=STARTUP_TIMEOUT_S)
         for _ in range(3):
@@ -154,9 +137,20 @@ def test_pdserve_generate_prints_the_bad_field_and_exits_non_zero(up: Up) -> Non
     assert "\n  sampling_params.top_p: " in done.stderr
 
 
+def test_pdserve_status_without_flags_shows_the_pods_and_router_of_pdserve_up(up: Up) -> None:
+    shown = subprocess.run([*PDSERVE, "status"], capture_output=True, text=True, timeout=60, env=up.env)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines()]
+    assert [row[:3] for row in rows[1:3]] == [["decode-0", "decode", "serving"], ["prefill-0", "prefill", "serving"]]
+    assert rows[3:] == [[], ["ROUTER", "STATE"], [up.address, "serving"]]
+
+
 def test_ctrl_c_stops_every_process_pdserve_up_started(up: Up) -> None:
-    children = _children(up.process.pid)
+    tree = descendants(up.process.pid)
+    children = [p for p in tree if p.parent_pid == up.process.pid]
     assert len(children) == 4, children  # redis-server, one prefill pod, one decode pod, the router
+    assert len(tree) > 4, tree  # and theirs: the router's tokenizer workers
     up.process.send_signal(signal.SIGINT)
     assert up.process.wait(60) == 0, up.logs()
-    assert [pid for pid in children if _alive(pid)] == []
+    assert still_running(tree, 0.0) == []
+    assert list(notes_folder(up.env).iterdir()) == []  # the note `pdserve status` found it by is gone too

@@ -18,8 +18,9 @@ from cli.cluster import LocalCluster
 from cli.health import check_health
 from cli.ports import free_port
 from cli.redis_server import RedisServer
+from common.child_process import popen_child
 from common.pod_registry import PodInfo, PodRegistry
-from tests.e2e.support import wait_until
+from tests.e2e.support import up_env, wait_until
 
 _SCRIPT = Path(sys.executable).with_name("pdserve")
 PDSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
@@ -38,7 +39,7 @@ def loading_server() -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     argv = [sys.executable, STANDIN, "--role", "router", "--port", address.rpartition(":")[2], "--load-s", "60",
             "--redis-url", "redis://127.0.0.1:1/0"]  # fmt: skip
-    process = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = popen_child(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert wait_until(lambda: asyncio.run(check_health(address, timeout_s=1.0)).status == "NOT_SERVING", 30.0)
         yield address
@@ -106,6 +107,20 @@ def test_status_shows_registry_entries_exactly_and_a_draining_pod() -> None:
     assert [(p["pod_id"], p["state"], p["kv_usage"]) for p in json.loads(shown.stdout)["pods"]] == [
         ("decode-0", "serving", 0.25), ("prefill-0", "draining", 0.0)
     ]  # fmt: skip
+
+
+def test_status_without_flags_says_that_no_pdserve_up_cluster_runs(tmp_path: Path) -> None:
+    # NOTE: a note left by a `pdserve up` killed with SIGKILL (unlocked) counts as none, and goes.
+    (tmp_path / "pdserve" / "clusters").mkdir(parents=True)
+    left_over = tmp_path / "pdserve" / "clusters" / "7.json"
+    left_over.write_text(json.dumps({"pid": 7, "router_address": "127.0.0.1:1", "redis_url": "redis://127.0.0.1:1/0"}))
+    shown = subprocess.run([*PDSERVE, "status"], capture_output=True, text=True, timeout=60, env=up_env(tmp_path))
+    message = (
+        "pdserve status: no `pdserve up` cluster is running on this machine; start one, or name a cluster's Redis "
+        "with --redis-url URL (or PDSERVE_REDIS_URL)\n"
+    )
+    assert (shown.returncode, shown.stdout, shown.stderr) == (1, "", message)
+    assert not left_over.exists()
 
 
 def test_status_reports_an_unreachable_redis_and_exits_1() -> None:

@@ -16,6 +16,7 @@ import grpc
 
 from cli.client import build_request
 from cli.cluster import LocalCluster
+from common.child_process import die_with_parent
 from common.grpc_errors import retry_delay_s
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S
@@ -137,7 +138,8 @@ def closed_loop(
 
 
 def _client_pool(num_processes: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(num_processes, mp_context=multiprocessing.get_context("spawn"))
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(num_processes, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def _shares(num_calls: int, num_processes: int) -> list[int]:

@@ -7,12 +7,14 @@ what arrived) and a sender of the named backend over it, then runs the sender's 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from common.child_process import die_with_parent
 from kv_transfer import KVLayout, KVPoolView, KVSender, LayoutMismatchError, TransferState, TransferStats, make_sender
 from tests.kv_transfer.pools import BLOCK_SIZE, random_pool
 
@@ -58,7 +60,8 @@ def _plain(result: Any) -> Any:
     )
 
 
-def _serve(conn: Connection, spec: SenderSpec) -> None:
+def _serve(conn: Connection, spec: SenderSpec, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     pool = random_pool(spec.num_blocks, seed=spec.seed).to(spec.device)
     sender: KVSender = make_sender(spec.backend, KVPoolView(pool, BLOCK_SIZE))
     with sender:
@@ -81,7 +84,9 @@ class RemoteSender:
             sys.path.append(REPO_ROOT)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child_conn, spec), name="kv-remote-sender", daemon=True)
+        self._process = context.Process(
+            target=_serve, args=(child_conn, spec, os.getpid()), name="kv-remote-sender", daemon=True
+        )
         self._process.start()
         child_conn.close()
         self._receive()
