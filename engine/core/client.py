@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable
 
+from common.child_process import popen_child
 from common.errors import UnavailableError
 from engine.core.channel import FrameDecoder, encode, socket_pair
 from engine.core.commands import Command, Shutdown
@@ -63,19 +63,9 @@ class EngineCoreClient:
         """Start the core process and wait until its engine has loaded; EngineDeadError if it cannot start."""
         loop = asyncio.get_running_loop()
         pod_end, core_end = socket_pair()
-        # NOTE: started from the event loop's thread, which lives as long as the pod: the core's parent-death signal
-        # is tied to the thread that started it.
-        self._process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engine.core",
-                "--fd",
-                str(core_end.fileno()),
-                "--parent-pid",
-                str(os.getpid()),
-            ],
-            pass_fds=(core_end.fileno(),),
+        # NOTE: popen_child: the core dies with the pod, whatever kills it.
+        self._process = popen_child(
+            [sys.executable, "-m", "engine.core", "--fd", str(core_end.fileno())], pass_fds=(core_end.fileno(),)
         )
         core_end.close()
         self._ready = loop.create_future()

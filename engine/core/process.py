@@ -1,8 +1,9 @@
-"""The engine core process of a pod: `python -m engine.core --fd N --parent-pid P` (`main`), started by the pod.
+"""The engine core process of a pod: `python -m engine.core --fd N` (`main`), started by the pod.
 
-1. It dies with its pod (a parent-death signal, and it stops when the pod's end of the socket closes), reads its
-   `CoreSpec` (the first message on the socket), loads the engine and opens the role's KV transfer end (a decode
-   pod's receiver, a prefill pod's sender) beside the pool; then it answers `CoreReady` (or `CoreFailed`, and exits 1).
+1. It dies with its pod (the pod starts it with a parent-death signal, and it stops when the pod's end of the socket
+   closes), reads its `CoreSpec` (the first message on the socket), loads the engine and opens the role's KV transfer
+   end (a decode pod's receiver, a prefill pod's sender) beside the pool; then it answers `CoreReady` (or
+   `CoreFailed`, and exits 1).
 2. Its loop, on the process's main thread, never waits for the pod: a reader thread puts the pod's commands into
    the loop's inbox (the KV backend's hooks wake it too); each turn applies every command that arrived, runs one
    engine step when a request is unfinished, and sends the turn's `CoreOutputs` back (a turn with nothing new sends
@@ -24,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common.parent_death import die_with_parent
 from common.tls import ClusterTLSConfig, kv_client_context, kv_server_context
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.channel import encode, read_message
@@ -200,9 +200,7 @@ class CoreLoop:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.core", description="A pod's engine core process.")
     parser.add_argument("--fd", type=int, required=True, help="this process's end of the pod's socket pair")
-    parser.add_argument("--parent-pid", type=int, required=True, help="the pod's pid: the core dies with it")
     args = parser.parse_args(argv)
-    die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sock = socket.socket(fileno=args.fd)
     spec = read_message(sock)
