@@ -1,17 +1,20 @@
 """Replaying the speculating engine's own output (engine.spec.replay.replay_until_reproduced): the round logic on a
-scripted engine, and the bf16 divergence it remedies on a random model on the CPU."""
+scripted engine, and on a real engine whose first recording is wrong at one token (the divergence a bf16 argmax flip
+causes, put there on purpose so that no CPU's rounding decides the outcome)."""
 
 from __future__ import annotations
 
-import json
-import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import pytest
 
 from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.spec.replay import replay_until_reproduced
 from engine.spec.stats import SpecStats
+from tests.engine.model_factory import NEW_TOKENS, TINY_CONFIGS
 
 OFF_TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 """What a scripted engine outputs in one-token steps (as without speculation)."""
@@ -44,56 +47,53 @@ def test_rounds_until_the_output_is_its_recording() -> None:
     assert replay_until_reproduced(set_recordings, [[0]], [OFF_TOKENS], decode, max_rounds=2) == (2, 2, False)
 
 
-def wide_bf16_model(folder: Path) -> Path:
-    """A random Qwen3 with a 32k vocabulary: its greedy argmax is a near tie every few dozen tokens in bf16."""
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": 32768,
-        "hidden_size": 512,
-        "intermediate_size": 1024,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": 1024,
-        "torch_dtype": "bfloat16",
-        "eos_token_id": 0,
-        "tie_word_embeddings": False,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+TinyModel = tuple[Path, list[list[int]], list[list[int]]]
+
+LEFT_AT = 14
+"""The output position whose recorded token the test changes: the third verify step's last proposal (k = 4: the
+first verify steps propose positions 1-4 and 6-9, the third 11-14)."""
 
 
-def decode_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> list[int]:
-    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    tokens: list[int] = []
-    while engine.has_unfinished_requests():
-        tokens += [t for out in engine.step() for t in out.new_token_ids]
-    return tokens
+@pytest.mark.parametrize("tiny_model", ["qwen3"], indirect=True)
+def test_the_engine_leaves_a_wrong_recording_and_follows_its_own_output(tiny_model: TinyModel) -> None:
+    """The bf16 divergence replay_until_reproduced remedies, forced: the first recording differs from the greedy
+    output at one position, as where a verify step's argmax flips in bf16 (module docstring of engine.spec.replay).
+    Here in float32, with the flip put in the recording on purpose, so that the rounds and counts follow from the
+    mechanism on any CPU: the engine leaves the recording there and gets no proposals after it; the second round
+    replays what the engine output and follows it throughout."""
+    path, prompts, expected = tiny_model
+    prompts, expected = prompts[2:4], expected[2:4]
+    wrong = [list(expected[0]), list(expected[1])]
+    wrong[0][LEFT_AT] = (wrong[0][LEFT_AT] + 1) % TINY_CONFIGS["qwen3"].vocab_size
+    engine = LLMEngine(engine_config(str(path), num_blocks=512, speculative_config={"method": "replay"}))
+    recordings: list[list[list[int]]] = []
 
+    def set_recordings(recorded: Mapping[tuple[int, ...], Sequence[int]]) -> None:
+        recordings.append([list(recorded[tuple(p)]) for p in prompts])
+        engine.set_replay_recordings(recorded)
 
-def test_bf16_output_leaves_the_recording_without_speculation_and_follows_its_own(tmp_path: Path) -> None:
-    path = wide_bf16_model(tmp_path)
-    args = {"dtype": "bfloat16", "load_format": "dummy", "num_blocks": 64}
-    rng = random.Random(29)
-    prompt = [rng.randrange(32768) for _ in range(64)]
-    off = decode_greedy(LLMEngine(engine_config(str(path), **args)), prompt, 32)
-    engine = LLMEngine(engine_config(str(path), speculative_config={"method": "replay"}, **args))
+    rounds: list[tuple[list[list[int]], SpecStats]] = []
 
     def decode() -> tuple[list[list[int]], SpecStats]:
         before = engine.spec_stats
-        tokens = decode_greedy(engine, prompt, 32)
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"{len(rounds)}-{i}", prompt, params)
+        tokens: dict[str, list[int]] = {f"{len(rounds)}-{i}": [] for i in range(len(prompts))}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                tokens[output.req_id] += output.new_token_ids
         after = engine.spec_stats
-        return [tokens], SpecStats(
-            after.draft_tokens - before.draft_tokens, after.accepted_tokens - before.accepted_tokens
-        )
+        stats = SpecStats(after.draft_tokens - before.draft_tokens, after.accepted_tokens - before.accepted_tokens)
+        rounds.append((list(tokens.values()), stats))
+        return rounds[-1]
 
-    stats, rounds, reproduced = replay_until_reproduced(engine.set_replay_recordings, [prompt], [off], decode, 4)
-    # NOTE: on x86 (oneDNN bf16 GEMMs) the recording without speculation holds for 14 tokens: a verify step flips
-    # the 15th. The second round replays the first's output and follows it to the end.
-    assert (rounds, reproduced) == (2, True)
-    # 31 tokens after the first: 6 verify steps of 4 accepted + the target's own, then one one-token step.
-    assert (stats.draft_tokens, stats.accepted_tokens) == (24, 24)
+    assert replay_until_reproduced(set_recordings, prompts, wrong, decode, max_rounds=4)[1:] == (2, True)
+    assert recordings == [wrong, expected]
+    # Round 1: both outputs are the greedy ones. The first request verifies 1-4 and 6-9 (8 accepted), then 11-14:
+    # 3 accepted and the target's own token at 14, off the recording: no proposal after it (one-token steps). The
+    # second follows its recording: 6 verify steps of 4 accepted + the target's own give 30 tokens after the
+    # first; the 32nd is a one-token step (max_tokens leaves no room for a proposal).
+    assert rounds[0] == (expected, SpecStats(12 + 24, 11 + 24))
+    # Round 2: both follow their recording throughout.
+    assert rounds[1] == (expected, SpecStats(24 + 24, 24 + 24))
