@@ -45,11 +45,16 @@ class IncrementalDetokenizer:
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
     ) -> None:
-        self._tokenizer = tokenizer
+        # NOTE: the Rust tokenizer's decode where transformers' would only add its Python overhead (it also cleans up
+        # spaces before punctuation when the tokenizer asks for that: then its decode it is).
+        if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            self._decode_ids = lambda ids: str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+        else:
+            backend = tokenizer.backend_tokenizer
+            self._decode_ids = lambda ids: str(backend.decode(ids, skip_special_tokens=skip_special_tokens))
         self._stop = tuple(stop)
         self._max_held = max((len(s) for s in self._stop), default=1) - 1
         self._include_stop_str_in_output = include_stop_str_in_output
-        self._skip_special_tokens = skip_special_tokens
         # NOTE: _token_ids holds only the window from the prefix offset on (earlier ids are dropped);
         # its first _read_offset ids are already in the text, the rest are not yet.
         self._token_ids = list(prompt_token_ids[max(0, len(prompt_token_ids) - _PROMPT_CONTEXT_TOKENS) :])
@@ -75,11 +80,11 @@ class IncrementalDetokenizer:
         return DetokenizerStep(self._take(len(self._text) - self._num_held()), None)
 
     def update_each(self, new_token_ids: Sequence[int]) -> tuple[DetokenizerStep, int]:
-        """`update` with the ids one at a time (a step of several tokens: speculative decoding), stopping at the one
-        that completes a stop string: the combined step, and how many of the ids it used (those after a stop are not
-        part of the output, as if the tokens had come one per step)."""
-        if len(new_token_ids) == 1:
-            return self.update(new_token_ids), 1
+        """`update` with the ids one at a time (several tokens of one step, or merged steps), stopping at the one that
+        completes a stop string: the combined step, and how many of the ids it used (those after a stop are not part
+        of the output, as if the tokens had come one per step). Without stop strings, all of them at once."""
+        if len(new_token_ids) == 1 or not self._stop:
+            return self.update(new_token_ids), len(new_token_ids)
         text = ""
         for num_used, token_id in enumerate(new_token_ids, start=1):
             step = self.update((token_id,))
@@ -98,8 +103,7 @@ class IncrementalDetokenizer:
         return self._take(len(self._text))
 
     def _decode(self, token_ids: list[int]) -> str:
-        text: str = self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
-        return text
+        return self._decode_ids(token_ids)
 
     def _decode_ready(self) -> str:
         """New text of the ids past read_offset, or "" while it ends inside a character."""

@@ -1,6 +1,6 @@
 """One Generate call end to end: admission's first check, validate, tokenize, wait for room in the router's queue,
-hash, look up the prefix directory, then run its n completions (`router.completion_run`) and merge them into one
-stream. Admission (`router.admission`) refuses at once before anything else (draining, the client's streams, a full
+hash, look up the prefix directory (when more than one live prefill pod is there to choose from), then run its n
+completions (`router.completion_run`) and merge them into one stream. Admission (`router.admission`) refuses at once before anything else (draining, the client's streams, a full
 queue, a predicted wait too long), and sends the call on once there is room; its first chunk and its end free that
 room. Input limits are checked before tokenizing (`router.input_checks`): ids, n and stop strings, the prompt's bytes;
 its tokens after.
@@ -203,7 +203,8 @@ class RequestLifecycle:
         cached_blocks: dict[str, int] = {}
         latency_s: float | None = None
         live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
-        if block_hashes and live:
+        # NOTE: with one live prefill pod there is no choice for the answer to change: no lookup (a Redis round trip).
+        if block_hashes and len(live) > 1:
             started = time.perf_counter()
             cached_blocks = await self._directory.longest_prefix(block_hashes, live)
             latency_s = time.perf_counter() - started

@@ -115,14 +115,13 @@ def test_decodes_only_a_small_window(
     output_ids = encode(tokenizer, " ".join(TEXTS) * 3)
     assert len(output_ids) > 300
     window_sizes: list[int] = []
-    decode = tokenizer.decode
+    decode = IncrementalDetokenizer._decode
 
-    def spy(token_ids: list[int], skip_special_tokens: bool = False) -> str | list[str]:
+    def spy(self: IncrementalDetokenizer, token_ids: list[int]) -> str:
         window_sizes.append(len(token_ids))
-        text: str | list[str] = decode(token_ids, skip_special_tokens=skip_special_tokens)
-        return text
+        return decode(self, token_ids)
 
-    monkeypatch.setattr(tokenizer, "decode", spy)
+    monkeypatch.setattr(IncrementalDetokenizer, "_decode", spy)
     result = stream(tokenizer, prompt_ids, output_ids)
     monkeypatch.undo()
     assert "".join(result.deltas) == tokenizer.decode(output_ids)

@@ -240,7 +240,9 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
     prefill = FakePrefill(first_token_id=5)
     decode = FakeDecode("decode-0", decode_steps([6]))
     chat = generation_pb2.ChatMessages(messages=[generation_pb2.ChatMessage(role="user", content="Hi there")])
-    async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
+    # NOTE: two prefill pods (one fake behind both), so that the router has a choice and asks the directory.
+    prefills = {"prefill-0": prefill, "prefill-1": prefill}
+    async with router_over(prefills, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
         await collect(router.stub.Generate(generation_pb2.GenerateRequest(text=TEXT * 2)))
         await collect(router.stub.Generate(generation_pb2.GenerateRequest(messages=chat, cache_salt="tenant-a")))
         tokenized = await router.stub.Tokenize(generation_pb2.TokenizeRequest(messages=chat))
@@ -256,8 +258,18 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
         MODEL, 8192, 49152, 16, [2])  # fmt: skip
     # the directory is asked with the engine's block hashes: model id and salt as extra keys
     (text_hashes, live), (chat_hashes, _) = router.directory.lookups
-    assert live == {"prefill-0": 1}
+    assert live == {"prefill-0": 1, "prefill-1": 1}
     assert text_hashes == hash_prompt_blocks(tokenizer.encode(TEXT * 2), BLOCK_SIZE, block_extra_keys(MODEL))
     assert len(text_hashes) == len(tokenizer.encode(TEXT * 2)) // BLOCK_SIZE == 2
     assert chat_hashes == hash_prompt_blocks(expected_chat, BLOCK_SIZE, block_extra_keys(MODEL, "tenant-a"))
     assert chat_hashes[0] != hash_prompt_blocks(expected_chat, BLOCK_SIZE, block_extra_keys(MODEL))[0]
+
+
+async def test_with_one_live_prefill_pod_the_directory_is_not_asked(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo
+) -> None:
+    prefill = FakePrefill(first_token_id=5)
+    decode = FakeDecode("decode-0", decode_steps([6]))
+    async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:
+        await collect(router.stub.Generate(generation_pb2.GenerateRequest(text=TEXT * 2)))
+    assert router.directory.lookups == [] and len(prefill.requests) == 1
