@@ -17,6 +17,13 @@ Every call (gRPC and HTTP alike) goes through it, from the request lifecycle (ro
 4. `start(ticket)` on its first token, `leave(ticket)` at its end, however it ends.
 Capacity may return (the queue is woken) when the pod view reads the registry (`on_pods_refreshed`: new pods, more
 free KV blocks), when a call gets its first token, and when one ends.
+The limits are the whole router's, whatever `--workers N` is: the calls queued and in flight, their prompt tokens,
+each client's streams and the drain rate are summed over the router's processes (router.admission_state, over the
+table they share, router.shared_counts). The waiters stay each process's own: where the table has other processes'
+rows, a process's queue also re-checks its head every CROSS_PROCESS_RECHECK_S while it has waiters, so that room
+freed by another process's call (its first token, its end) reaches them within that. NOTE: a process checks for
+room and claims it in one step of its event loop, but two processes may both see the last place and both take it:
+for that moment a limit on the calls in flight may be passed by at most N - 1 calls (and the tokens by theirs).
 The predicted wait is the first tokens that must come before a new call is sent on over the rate they came at in
 the last 10 s; with no such rate (nothing drained lately, e.g. at start-up, or no live pod) a new call is not
 refused for its predicted wait: it waits, bounded by `max_queue_wait_s`. RetryInfo delays are the predicted wait
@@ -33,6 +40,7 @@ from common.errors import PdserveError, ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodRole
 from router.admission_state import AdmissionState, Stage, Ticket
 from router.config import RouterConfig
+from router.shared_counts import SharedCounts
 from router.wait_queue import WaitQueue, WaitTimedOut
 
 CLIENT_ID_KEY = "x-client-id"
@@ -41,6 +49,9 @@ DRAIN_RETRY_S = 1.0
 the retry)."""
 MIN_RETRY_S = 0.05
 """The shortest RetryInfo delay a refusal advertises."""
+CROSS_PROCESS_RECHECK_S = 0.02
+"""How often a router process with waiters re-checks the room other processes may have freed: at most a few sums
+over the table's rows each time, and only while it has waiters."""
 _ROLES: tuple[PodRole, ...] = ("prefill", "decode")
 
 
@@ -55,7 +66,8 @@ def client_id(metadata: Iterable[tuple[str, str | bytes]], peer: str) -> str:
 
 class RouterAdmission:
     """Admission over this router's Generate calls (see the module docstring); `num_live_pods(role)` counts the live
-    (not draining) pods of a role, `draining()` says whether the router drains."""
+    (not draining) pods of a role, `draining()` says whether the router drains, `counts` is the table of the router's
+    processes (default: a table of this process alone)."""
 
     def __init__(
         self,
@@ -63,14 +75,17 @@ class RouterAdmission:
         num_live_pods: Callable[[PodRole], int],
         draining: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        counts: SharedCounts | None = None,
     ) -> None:
         self._config = config
         self._num_live_pods = num_live_pods
         self._draining = draining
         self._clock = clock
-        self.state = AdmissionState(clock)
-        """The counts admission decides on."""
-        self._queue = WaitQueue(clock)
+        counts = SharedCounts.local() if counts is None else counts
+        self.state = AdmissionState(counts, clock)
+        """The counts admission decides on: the whole router's."""
+        # NOTE: alone in its table, every change of the counts is this process's own and wakes the queue itself.
+        self._queue = WaitQueue(clock, CROSS_PROCESS_RECHECK_S if counts.num_rows > 1 else None)
         self._num_capacity_events = 0
         """Registry reads and calls ended so far: a waiter for room waits for the next one."""
 

@@ -19,9 +19,10 @@
   pool, the directory and the registry close; queued spans are exported; /metrics stops.
 As one of the processes of a router run with `--workers N` (`process`, router.supervisor): both servers share their
 ports with the siblings (SO_REUSEPORT), the gRPC server also listens on the process's private Unix socket, Abort
-reaches the siblings' requests too (router.sibling_aborts), the running requests are counted in the supervisor's
-table (router.shared_counts), the tokenizer pool and the retry budget are this process's share, and /metrics (on
-`--metrics-port`, from the supervisor, and on the HTTP port) covers every process.
+reaches the siblings' requests too (router.sibling_aborts), the running requests and admission's counts are kept in
+the supervisor's table (router.shared_counts: admission's limits are the whole router's), the tokenizer pool and the
+retry budget are this process's share, and /metrics (on `--metrics-port`, from the supervisor, and on the HTTP port)
+covers every process.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ class RouterApp:
             num_router_workers=process.count,
         )
         """What GetServerInfo, GetLoad and HTTP /health report."""
-        context = _run_context(config, routing, self._pods, load, tokenizer, tracing, metrics, self.status, process)
+        context = _run_context(
+            config, routing, self._pods, load, tokenizer, tracing, metrics, self.status, process, counts
+        )
         self._server = _grpc_server(config, security, tracing, process)
         running = RunningRequests(on_count=lambda num_running: counts.set(Total.RUNNING_REQUESTS, num_running))
         self.lifecycle = RequestLifecycle(model, tokenizer_pool, self._directory, context, config, running)
@@ -269,11 +272,14 @@ def _grpc_server(
 def _run_context(
     config: RouterConfig, routing: RoutingConfig, pods: PodView, load: LocalLoads,
     tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics, status: ServerStatus,
-    process: RouterProcess,
+    process: RouterProcess, counts: SharedCounts,
 ) -> RunContext:  # fmt: skip
     """What every completion the router runs shares: pods, policy, loads, admission (closed while `status` says
-    draining) and the retry budget (this process's share of the router's)."""
-    admission = RouterAdmission(config, lambda role: len(pods.pods(role)), lambda: status.draining)
+    draining; its limits counted in `counts`, the whole router's) and the retry budget (this process's share of the
+    router's)."""
+    admission = RouterAdmission(
+        config, lambda role: len(pods.pods(role)), lambda: status.draining, time.monotonic, counts
+    )
     pods.add_refresh_listener(admission.on_pods_refreshed)
     burst = max(1, int(process.share(routing.retry_budget_burst)))
     retry_budget = RetryBudget(process.share(routing.retry_budget_per_s), burst)

@@ -1,6 +1,8 @@
 """A router of two processes (`--workers 2`) on one port in front of a real prefill and decode pod and Redis: streams
 from connections on either worker complete and /metrics counts both; an Abort ends a stream whichever worker holds
-it and whichever the Abort reaches; a killed worker is restarted; SIGTERM drains both and ends every process."""
+it and whichever the Abort reaches; admission's limits are the whole router's (one call in flight to the prefill
+pods, a client's streams, whichever worker holds them); a killed worker is restarted; SIGTERM drains both and ends
+every process."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import os
 import signal
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -29,6 +33,12 @@ STORY = "Once upon a time a robot learned to paint the sea, and every evening it
 ABORT_BOUND_S = 1.0
 RESTART_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 60.0
+MAX_STREAMS_PER_CLIENT = 4
+"""The router's per-client limit here (above the 2 or 3 streams the other tests' one client holds at once)."""
+ROUTER_ARGS = ("--max-waiting-requests-per-prefill-pod", "1", "--max-streams-per-client", str(MAX_STREAMS_PER_CLIENT))
+"""One call in flight to the prefill pods at a time, whichever worker holds it."""
+LONG_PROMPT = [100 + i % 1000 for i in range(1024)]
+"""A prompt the prefill pod takes 16 chunked steps over (POD_ARGS: 64-token chunks)."""
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +49,7 @@ def workers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
         registry_refresh_s=REGISTRY_REFRESH_S,
         pod_args=POD_ARGS,
         router_workers=NUM_WORKERS,
+        router_args=ROUTER_ARGS,
         log_dir=tmp_path_factory.mktemp("workers-logs"),
         startup_timeout_s=STARTUP_TIMEOUT_S,
         metrics_port=0,
@@ -152,6 +163,68 @@ def test_an_aborted_stream_ends_cancelled_within_a_second(channels: dict[int, gr
             pass
     assert ended.value.code() is grpc.StatusCode.CANCELLED, ended.value
     assert time.monotonic() - aborted_at <= ABORT_BOUND_S
+
+
+def _prefill_busy(url: str) -> bool:
+    """Whether the prefill pod's engine holds a request (running or waiting), as its /metrics at `url` says."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return any(
+        sample.value > 0
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in ("pdserve:num_requests_running", "pdserve:num_requests_waiting")
+    )
+
+
+def _first_message_at(stream: Iterator[generation_pb2.GenerateResponse]) -> float:
+    next(stream)
+    return time.monotonic()
+
+
+def _no_call_left(channel: grpc.Channel) -> None:
+    assert wait_until(lambda: _num_running(channel) == 0, RESTART_TIMEOUT_S), "the test's calls still run"
+
+
+def test_a_call_in_flight_in_one_worker_holds_a_call_in_the_other_in_the_queue(
+    workers_cluster: LocalCluster, channels: dict[int, grpc.Channel]
+) -> None:
+    prefill_url = workers_cluster.metrics_urls["prefill-0"]
+    assert wait_until(lambda: not _prefill_busy(prefill_url), RESTART_TIMEOUT_S)
+    # NOTE: a salt of its own, so that the long prompt is prefilled anew (no cached prefix) whenever the test runs.
+    request = build_request(token_ids=LONG_PROMPT, max_tokens=1, temperature=0.0, cache_salt=uuid.uuid4().hex)
+    long_stream = _stub(channels[0]).Generate(request, timeout=120)
+    assert wait_until(lambda: _prefill_busy(prefill_url), RESTART_TIMEOUT_S, interval_s=0.01)
+    # the long call is in flight in worker 0: the short one on worker 1 waits for its first token (with a limit per
+    # worker, it would be prefilled beside the long prompt's next chunk and answered first)
+    short_stream = _stub(channels[1]).Generate(build_request(STORY, max_tokens=1, temperature=0.0), timeout=120)
+    with ThreadPoolExecutor(1) as pool:
+        short_first = pool.submit(_first_message_at, short_stream)
+        long_first_at = _first_message_at(long_stream)
+        assert long_first_at < short_first.result()
+    _no_call_left(channels[0])
+
+
+def test_a_clients_streams_count_against_its_limit_in_every_worker(channels: dict[int, grpc.Channel]) -> None:
+    metadata = (("x-client-id", "shared-client"),)
+    streams = []
+    try:
+        for worker in (0, 0, 1, 1):
+            request = build_request(STORY, max_tokens=400, ignore_eos=True, temperature=0.0)
+            streams.append(_stub(channels[worker]).Generate(request, timeout=120, metadata=metadata))
+            next(streams[-1])
+        for channel in channels.values():
+            with pytest.raises(grpc.RpcError) as refused:
+                next(_stub(channel).Generate(build_request(STORY, max_tokens=1), timeout=30, metadata=metadata))
+            assert (refused.value.code(), refused.value.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"overloaded: client 'shared-client' has {MAX_STREAMS_PER_CLIENT} streams open "
+                f"(limit {MAX_STREAMS_PER_CLIENT})",
+            )
+    finally:
+        for stream in streams:
+            stream.cancel()
+    _no_call_left(channels[0])
 
 
 def test_a_killed_worker_is_restarted_and_the_counts_of_both_are_kept(workers_cluster: LocalCluster) -> None:

@@ -1,5 +1,5 @@
 """The counts table of a router's processes (router.shared_counts), written by real processes: each writes its own
-row, every reader sums the rows exactly, a cleared row counts no more."""
+row, every reader sums the rows exactly, a cleared row counts no more; the drain ring's window by whole seconds."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ COLLIDING_CLIENT = "c2321"
 
 
 def _write_row(path: Path, row: int, go: multiprocessing.synchronize.Event) -> None:
-    """A worker's writes: row r adds r + 1 running requests, 10 * (r + 1) waiting ones (one by one), sets queued
-    prompt tokens to 1000 * (r + 1), opens r + 1 streams of alice and one of bob, then closes one of alice's."""
+    """A worker's writes: row r adds r + 1 running requests, 10 * (r + 1) in flight (one by one), sets the
+    prompt tokens in flight to 1000 * (r + 1), opens r + 2 streams of alice and one of bob, then closes one of
+    alice's; r + 1 first tokens drain at 100 + r s."""
     go.wait()
     counts = SharedCounts.open(path, row)
     counts.add(Total.RUNNING_REQUESTS, row + 1)
     for _ in range(10 * (row + 1)):
-        counts.add(Total.WAITING_REQUESTS, 1)
-    counts.set(Total.QUEUED_PROMPT_TOKENS, 1000 * (row + 1))
+        counts.add(Total.IN_FLIGHT_REQUESTS, 1)
+    counts.set(Total.IN_FLIGHT_PROMPT_TOKENS, 1000 * (row + 1))
     counts.add_client_streams("alice", row + 2)
     counts.add_client_streams("alice", -1)
     counts.add_client_streams("bob", 1)
+    counts.add_drained(100.0 + row, row + 1)
     counts.close()
 
 
@@ -44,16 +46,22 @@ def test_rows_written_by_separate_processes_sum_exactly_and_a_cleared_row_counts
     assert [writer.exitcode for writer in writers] == [0] * NUM_ROWS
     reader = SharedCounts.open(path, None)
     for view in (table, reader):
-        assert (view.num_rows, view.total(Total.RUNNING_REQUESTS), view.total(Total.WAITING_REQUESTS)) == (3, 6, 60)
-        assert view.total(Total.QUEUED_PROMPT_TOKENS) == 6000
+        assert (view.num_rows, view.total(Total.RUNNING_REQUESTS), view.total(Total.IN_FLIGHT_REQUESTS)) == (3, 6, 60)
+        assert view.total(Total.IN_FLIGHT_PROMPT_TOKENS) == 6000
         assert (view.client_streams("alice"), view.client_streams("bob"), view.client_streams("carol")) == (6, 3, 0)
+        assert view.drained(105.0) == (6, 100.0)
     table.clear_row(1)
-    assert (reader.total(Total.RUNNING_REQUESTS), reader.total(Total.WAITING_REQUESTS)) == (4, 40)
-    assert (reader.total(Total.QUEUED_PROMPT_TOKENS), reader.client_streams("alice"), reader.client_streams("bob")) == (
+    assert (reader.total(Total.RUNNING_REQUESTS), reader.total(Total.IN_FLIGHT_REQUESTS)) == (4, 40)
+    assert (
+        reader.total(Total.IN_FLIGHT_PROMPT_TOKENS),
+        reader.client_streams("alice"),
+        reader.client_streams("bob"),
+    ) == (
         4000,
         4,
         2,
     )
+    assert reader.drained(105.0) == (4, 100.0)
     reader.close()
     table.close()
 
@@ -80,9 +88,27 @@ def test_a_lone_process_table_has_one_row_and_the_supervisors_view_writes_none(t
     counts.close()
     supervisor = SharedCounts.create(tmp_path / "counts", 2)
     with pytest.raises(RuntimeError, match="writes no row"):
-        supervisor.add(Total.WAITING_REQUESTS, 1)
+        supervisor.add(Total.IN_FLIGHT_REQUESTS, 1)
     with pytest.raises(ValueError, match=r"row 2 is not in \[0, 2\)"):
         SharedCounts.open(tmp_path / "counts", 2)
     with pytest.raises(FileExistsError):
         SharedCounts.create(tmp_path / "counts", 2)
     supervisor.close()
+
+
+def test_the_drain_ring_counts_the_last_whole_seconds_and_reuses_a_bucket_a_ring_later(tmp_path: Path) -> None:
+    table = SharedCounts.create(tmp_path / "counts", 2)
+    first, second = SharedCounts.open(tmp_path / "counts", 0), SharedCounts.open(tmp_path / "counts", 1)
+    assert first.drained(100.0) == (0, 100.0)  # nothing drained: no earliest
+    first.add_drained(100.25, 1)
+    first.add_drained(100.75, 2)  # the same second: the bucket keeps its first time
+    second.add_drained(103.5, 4)
+    assert (first.drained(103.5), second.drained(109.99)) == ((7, 100.25), (7, 100.25))
+    assert table.drained(110.0) == (4, 103.5)  # second 100 left the window: seconds 101 to 110 count
+    first.add_drained(110.5, 8)  # second 110 reuses second 100's bucket
+    assert (table.drained(110.5), table.drained(112.99), table.drained(113.0)) == ((12, 103.5), (12, 103.5), (8, 110.5))
+    assert (table.drained(119.0), table.drained(120.0)) == ((8, 110.5), (0, 120.0))
+    table.clear_row(0)
+    assert table.drained(119.0) == (0, 119.0)  # the row of a dead process: what it drained counts no more
+    for counts in (first, second, table):
+        counts.close()

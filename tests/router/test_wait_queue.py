@@ -142,3 +142,38 @@ def test_a_waiter_cancelled_after_its_claim_keeps_it_for_its_caller_to_give_back
         assert (slots.taken, slots.free, len(queue)) == (["w"], 0, 0)
 
     asyncio.run(main())
+
+
+class CountingQueue(WaitQueue):
+    """A wait queue that counts its wakes."""
+
+    num_wakes = 0
+
+    def wake(self) -> None:
+        self.num_wakes += 1
+        super().wake()
+
+
+def test_with_recheck_s_the_queue_wakes_itself_only_while_waiters_wait() -> None:
+    async def main() -> None:
+        queue, slots = CountingQueue(Clock(), recheck_s=0.01), Slots()
+        waiters = [asyncio.create_task(queue.wait(float(i), None, slots.take(f"w{i}"))) for i in range(2)]
+        await asyncio.sleep(0.05)
+        assert (len(queue), slots.taken) == (2, [])
+        slots.free = 2  # capacity returns where no one calls wake (another process's call)
+        await asyncio.wait_for(asyncio.gather(*waiters), timeout=10.0)
+        assert (slots.taken, len(queue)) == (["w0", "w1"], 0)
+        num_wakes = queue.num_wakes
+        await asyncio.sleep(0.05)
+        assert queue.num_wakes == num_wakes  # no waiter: no recheck
+
+        plain, slots = CountingQueue(Clock()), Slots()
+        waiter = asyncio.create_task(plain.wait(1.0, None, slots.take("w")))
+        await _settle()
+        slots.free = 1
+        await asyncio.sleep(0.05)
+        assert (waiter.done(), plain.num_wakes) == (False, 0)  # without recheck_s only `wake` lets it go
+        plain.wake()
+        await waiter
+
+    asyncio.run(main())
