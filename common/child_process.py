@@ -3,12 +3,16 @@
 1. The parent starts the child from a thread that lives as long as the parent: `popen_child` runs every
    `subprocess.Popen` on this process's one spawner thread (`on_spawner_thread`), which lives until the process
    exits; a multiprocessing child is started from the main thread or from the spawner thread.
-2. The child, first thing (a `preexec_fn` between fork and exec, or the first line of a multiprocessing target),
-   calls `die_with_parent(parent_pid)`: Linux's parent-death signal (prctl PR_SET_PDEATHSIG) is set to SIGKILL,
-   then, if the parent is already gone (it died before the prctl), the child kills itself.
+2. The child, first thing, calls `die_with_parent(parent_pid)`: Linux's parent-death signal (prctl
+   PR_SET_PDEATHSIG) is set to SIGKILL, then, if the parent is already gone (it died before the prctl), the child
+   kills itself. A `popen_child` command is started through a small Python shim that does that and then execs it
+   (the signal survives the exec); a multiprocessing target calls `die_with_parent` on its first line.
 3. When the parent dies, the kernel SIGKILLs the child. A child that starts processes of its own does the same for
    them, so a whole tree goes: the launcher's children, their workers, and so on.
 
+NOTE: no `preexec_fn`: Python code between fork and exec in a process with threads (a pod's gRPC threads, a test
+process's) runs the interpreter's at-fork handlers in the child, which crashed children (segfaults, aborts in
+OpenTelemetry's and logging's fork hooks).
 NOTE: the kernel sends the signal when the parent *thread* that forked the child exits, not only when the whole
 parent does: a child forked by a short-lived thread (an autoscaler tick, an `asyncio.to_thread` call) would die with
 that thread; hence the spawner thread. A set-user-ID program drops the signal at exec (redis-server is none).
@@ -19,7 +23,6 @@ Elsewhere than on Linux `die_with_parent` does nothing.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import queue
 import signal
@@ -46,7 +49,6 @@ def _libc_prctl() -> Callable[..., int] | None:
     return prctl_fn
 
 
-# NOTE: looked up once, here: a `preexec_fn` runs between fork and exec, where loading a library is unsafe.
 _prctl = _libc_prctl()
 
 
@@ -62,10 +64,22 @@ def die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "if ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != int(sys.argv[1]):\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+"""Sets the parent-death signal (prctl option 1, PR_SET_PDEATHSIG), dies if the parent is already gone, then execs
+the command (argv[2:]) in its place: the command's process keeps the signal (and the shim's pid)."""
+
+
 def popen_child(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-    """`subprocess.Popen(argv, **popen_kwargs)` started from the spawner thread, the child dying with this process."""
-    die = functools.partial(die_with_parent, os.getpid())
-    return on_spawner_thread(lambda: subprocess.Popen(argv, preexec_fn=die, **popen_kwargs))
+    """`subprocess.Popen(argv, **popen_kwargs)` started from the spawner thread, the child dying with this process
+    (through `_SHIM` on Linux)."""
+    if _prctl is not None:
+        argv = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), *argv]
+    return on_spawner_thread(lambda: subprocess.Popen(argv, **popen_kwargs))
 
 
 def on_spawner_thread(start: Callable[[], T]) -> T:

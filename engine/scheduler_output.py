@@ -69,3 +69,16 @@ class EngineOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def __reduce__(self) -> tuple[type[EngineOutput], tuple[object, ...]]:
+        # NOTE: a pod's engine core pickles every step's outputs to its pod: rebuilt from the constructor's
+        # arguments, they cost ~2.5x less both ways than the slots dataclass's default state protocol.
+        return EngineOutput, (
+            self.req_id,
+            self.new_token_ids,
+            self.new_logprobs,
+            self.finish_reason,
+            self.stop_reason,
+            self.num_prompt_tokens,
+            self.num_cached_tokens,
+        )

@@ -48,6 +48,13 @@ def block_index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
     return index.pin_memory().to(device, non_blocking=True)
 
 
+def block_indexes(block_ids: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`block_index` of each list, with one upload for all of them (a chunk's sources and destinations)."""
+    sizes = [len(ids) for ids in block_ids]
+    flat = block_index([block_id for ids in block_ids for block_id in ids], device)
+    return flat.split(sizes)
+
+
 def check_block_ids(block_ids: Sequence[int], num_blocks: int, field: str) -> None:
     if not all(0 <= block_id < num_blocks for block_id in block_ids):
         raise InvalidArgumentError(field, f"block ids must be in [0, {num_blocks}), got {list(block_ids)}")

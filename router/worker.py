@@ -10,35 +10,17 @@ router.supervisor (never by hand).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import uvloop
 
+from common.child_process import die_with_parent
 from router.__main__ import serve
 from router.router_process import RouterProcess
 from router.supervisor import WorkerSpec
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent exits; exit now if its parent is no longer `parent_pid`.
-
-    NOTE: the kernel sends the signal when the parent *thread* that started this process exits: the supervisor
-    starts its workers from its main thread, which lives as long as it does.
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        sys.exit(f"router worker: the supervisor (pid {parent_pid}) is gone")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

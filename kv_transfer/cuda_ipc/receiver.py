@@ -16,7 +16,7 @@ from kv_transfer.control.socket_receiver import SocketReceiver
 from kv_transfer.copy_stream import CopyStream, make_copy_stream
 from kv_transfer.cuda_ipc import local_pools
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
-from kv_transfer.pool_io import block_index, pool_words, row_words
+from kv_transfer.pool_io import block_index, block_indexes, pool_words, row_words
 from kv_transfer.state import ProtocolError, TransportError
 
 
@@ -40,8 +40,13 @@ class _GatherLink(ReceiverLink):
     def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
         self._stream.wait_for_engine()
         with self._stream.activate():
-            blocks = self._source.index_select(0, block_index(head.src_block_ids, self._source.device))
-            self._words.index_copy_(0, block_index(head.block_ids, self._words.device), blocks.to(self._words.device))
+            if self._source.device == self._words.device:
+                src, dst = block_indexes((head.src_block_ids, head.block_ids), self._words.device)
+            else:
+                src = block_index(head.src_block_ids, self._source.device)
+                dst = block_index(head.block_ids, self._words.device)
+            blocks = self._source.index_select(0, src)
+            self._words.index_copy_(0, dst, blocks.to(self._words.device))
         self._stream.synchronize()
 
     def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:

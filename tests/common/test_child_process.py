@@ -34,8 +34,9 @@ def test_a_child_dies_with_its_parent_not_with_the_thread_that_asked_for_it(pare
     parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline() == "started\n"
-        [child] = descendants(parent.pid)
         time.sleep(0.5)
+        # NOTE: read after the pause: the child starts as the shim that sets its parent-death signal, then execs.
+        [child] = descendants(parent.pid)
         assert running(child), "the child died with the thread that asked for it"
         assert child.command == "sleep 60"
         if parent_end == "SIGKILL":
