@@ -7,8 +7,9 @@ rate whose attainment reaches the target (also given interpolated to where attai
 divided by the GPUs it uses: 1 for the colocated engine; for the cluster --cluster-gpus, by default the GPUs its
 --gpus layout uses (else 1: without --gpus a LocalCluster's pods all run on the same device).
 
-"colocated" is this project's engine in this process with no disaggregation (chunked prefill mixes prefills
-into the decode batches), run first and freed; "disaggregated" is the cluster, through its router.
+"colocated" is this project's engine with no disaggregation (chunked prefill mixes prefills into the decode
+batches), in an engine core process of its own (`bench.colocated`), run first and stopped; "disaggregated" is the
+cluster, through its router.
 
 Like with like on two GPUs (`pdserve bench --workload w7 --gpus 0,1`, started with CUDA_VISIBLE_DEVICES=0 so the
 colocated engine runs on GPU 0): 1 prefill + 1 decode, one pod per GPU (`ClusterConfig.gpu_layout`), against two
@@ -45,7 +46,7 @@ def w7_plan(args: argparse.Namespace) -> dict[str, Any]:
         layout = pods.gpu_layout()
     cluster_gpus = args.cluster_gpus if args.cluster_gpus is not None else len(set(layout.values())) or 1
     return {
-        "colocated": {"engines": 1, "gpus": 1, "device": "cuda:0 of the benchmark process"},
+        "colocated": {"engines": 1, "gpus": 1, "device": "cuda:0 of the benchmark's environment"},
         "disaggregated": {"cluster": args.address or "LocalCluster", "gpus": cluster_gpus, "pod_gpus": layout},
     }
 

@@ -3,8 +3,8 @@
 `add_arguments(parser)` adds every flag they read (not --workload); `run(args)` runs `args.workload` (one of
 `WORKLOADS`) and returns its figures as a JSON-able dict. Unless --address names a running router, the run
 starts a LocalCluster (Redis, --num-prefill + --num-decode pods and the router as child processes) and stops
-it at the end; workloads with a colocated baseline (w2online, w7) run this project's engine in this process
-first and free it before the cluster starts, so both fit on one GPU.
+it at the end; workloads with a colocated baseline (w2online, w7) run this project's engine first, in a colocated
+engine core process that ends before the cluster starts, so both fit on one GPU.
 
 Prompts are random token ids (seeded by --seed, different for each phase and rate), sent as token ids, greedy,
 EOS ignored, a fixed output length per request. Against a running cluster (--address), give each run a --seed

@@ -106,8 +106,8 @@ async def _sequential(args: argparse.Namespace, name: str, generate: Generate, s
 
 
 def run_w2online(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
-    """TTFT of one request at a time: this project's engine in this process, then the same prompts through
-    the router (one prefill + one decode pod by default)."""
+    """TTFT of one request at a time: this project's engine (a colocated engine core process), then the same prompts
+    through the router (one prefill + one decode pod by default)."""
 
     async def colocated(target: ColocatedTarget) -> tuple[int, dict[str, Any]]:
         vocab_size = target.info.vocab_size

@@ -11,7 +11,7 @@ import pytest
 from bench.online import add_arguments, run
 from common.errors import InvalidArgumentError
 
-COLOCATED = {"engines": 1, "gpus": 1, "device": "cuda:0 of the benchmark process"}
+COLOCATED = {"engines": 1, "gpus": 1, "device": "cuda:0 of the benchmark's environment"}
 
 
 def plan(*flags: str) -> dict[str, Any]:
