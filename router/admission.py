@@ -25,9 +25,11 @@ freed by another process's call (its first token, its end) reaches them within t
 room and claims it in one step of its event loop, but two processes may both see the last place and both take it:
 for that moment a limit on the calls in flight may be passed by at most N - 1 calls (and the tokens by theirs).
 The predicted wait is the first tokens that must come before a new call is sent on over the rate they came at in
-the last 10 s; with no such rate (nothing drained lately, e.g. at start-up, or no live pod) a new call is not
-refused for its predicted wait: it waits, bounded by `max_queue_wait_s`. RetryInfo delays are the predicted wait
-within [MIN_RETRY_S, max_retry_s] (`max_retry_s` while it is unknown).
+the last DRAIN_WINDOW_S; it is known only once calls have waited for room throughout that window (a window with idle
+time in it measures the load, not the capacity: after a quiet spell, a burst of a few dozen calls predicted minutes
+from the handful that drained before it). While it is unknown (the queue backed up only lately, nothing drained, no
+live pod) a new call is not refused for its predicted wait: it waits, bounded by `max_queue_wait_s`. RetryInfo
+delays are the predicted wait within [MIN_RETRY_S, max_retry_s] (`max_retry_s` while it is unknown).
 A client is the value of the call's `x-client-id` metadata key, else its peer address without the port.
 """
 
@@ -38,6 +40,7 @@ from collections.abc import Callable, Iterable
 
 from common.errors import PdserveError, ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodRole
+from pod.drain_rate import DRAIN_WINDOW_S
 from router.admission_state import AdmissionState, Stage, Ticket
 from router.config import RouterConfig
 from router.shared_counts import SharedCounts
@@ -88,6 +91,8 @@ class RouterAdmission:
         self._queue = WaitQueue(clock, CROSS_PROCESS_RECHECK_S if counts.num_rows > 1 else None)
         self._num_capacity_events = 0
         """Registry reads and calls ended so far: a waiter for room waits for the next one."""
+        self._backlogged_since: float | None = None
+        """Since when a new call would have had to wait for room (None: it would go on at once)."""
 
     @property
     def num_waiting(self) -> int:
@@ -161,14 +166,21 @@ class RouterAdmission:
 
     def predicted_wait_s(self) -> float | None:
         """How long a call arriving now would wait to be sent on: 0 while there is room in flight, else the first
-        tokens due before it over their recent rate; None while that rate is unknown or no pod is live."""
+        tokens due before it over their recent rate; None while that rate is unknown (calls have not waited for
+        room throughout the last DRAIN_WINDOW_S, or nothing drained) or no pod is live."""
         if not self._pods_live():
             return None
         state = self.state
         limit = self._config.max_waiting_requests_per_prefill_pod * self._num_live_pods("prefill")
         num_ahead = state.num_in_flight + state.num_queued + 1 - limit if limit else 0
+        now = self._clock()
         if num_ahead <= 0:
+            self._backlogged_since = None
             return 0.0
+        if self._backlogged_since is None:
+            self._backlogged_since = now
+        if now - self._backlogged_since < DRAIN_WINDOW_S:
+            return None
         return state.seconds_to_drain(num_ahead)
 
     def retry_after_s(self) -> float:

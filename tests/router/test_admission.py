@@ -88,37 +88,37 @@ def test_a_call_is_refused_at_once_when_the_predicted_wait_exceeds_the_bound_or_
         first, second = admission.enter("c", None), admission.enter("c", None)
         await admission.admit(first, 10, clock.now, None)
         await admission.admit(second, 10, clock.now, None)
+        queued = [admission.enter("c", None) for _ in range(3)]
         assert admission.predicted_wait_s() is None  # full, and nothing drained yet: no rate, no refusal
-        admission.enter("c", None)
-        admission.start(first)  # 1 first token in (at least) 1 s
-        assert admission.predicted_wait_s() == 1.0  # the queued call goes next: one first token ahead of a new one
-        clock.now += 2.0
-        admission.start(second)  # 2 first tokens in 2 s
-        assert admission.predicted_wait_s() == 0.0  # room for the queued call and a new one
-        for _ in range(2):
-            await admission.admit(admission.enter("c", None), 10, clock.now, None)
-        queued = [admission.enter("c", None) for _ in range(8)]
-        assert _counts(admission) == (9, 2, 0)
-        assert admission.predicted_wait_s() == 10.0  # 10 ahead at 1 per second: within the bound
-        with pytest.raises(ResourceExhaustedError) as refused:
-            admission.enter("c", 9.5)
-        assert (str(refused.value), refused.value.retry_after_s) == (
-            "overloaded: the router's queue would take 10.0 s, past the call's deadline in 9.5 s",
-            3.0,
-        )
-        queued.append(admission.enter("c", None))
+        clock.now += 1.0
+        admission.start(first)
+        clock.now += 4.0
+        admission.start(second)
+        # NOTE: 2 first tokens came, but calls have waited for room only 5 s: the rate may still hold idle time.
+        assert admission.predicted_wait_s() is None
+        admission.enter("c", 0.5)  # not refused for its deadline either
+        clock.now += 5.0
+        # Backed up for a whole window: 2 first tokens in the 9 s since the first of them; 3 calls ahead of a new one.
+        assert _counts(admission) == (4, 0, 0)
+        assert admission.predicted_wait_s() == 13.5
         with pytest.raises(ResourceExhaustedError) as refused:
             admission.enter("c", None)
         assert (str(refused.value), refused.value.retry_after_s) == (
-            "overloaded: the router's queue would take 11.0 s (bound 10 s)",
+            "overloaded: the router's queue would take 13.5 s (bound 10 s)",
+            3.0,
+        )
+        admission.leave(queued.pop())
+        assert admission.predicted_wait_s() == 9.0  # 2 ahead: within the bound
+        with pytest.raises(ResourceExhaustedError) as refused:
+            admission.enter("c", 8.5)
+        assert (str(refused.value), refused.value.retry_after_s) == (
+            "overloaded: the router's queue would take 9.0 s, past the call's deadline in 8.5 s",
             3.0,
         )
         for ticket in queued:
             admission.leave(ticket)
-        assert admission.retry_after_s() == 2.0  # 2 ahead at 1 per second
-        with pytest.raises(ResourceExhaustedError) as refused:
-            admission.enter("c", 1.5)
-        assert refused.value.retry_after_s == 2.0
+        assert admission.predicted_wait_s() == 0.0  # room again: the backlog is over
+        assert admission.retry_after_s() == 0.05
 
     asyncio.run(main())
 
