@@ -5,7 +5,8 @@
 #   2. w8 closed loops of 128 and 256 streams through the router, default limits and router workers (and the
 #      pods called directly)                                                       -> $OUT/w8.json
 #   3. one router process vs 4 on one port where the router is the bottleneck: 128/8, 512 streams, 16 client
-#      processes (16 connections)                                                  -> $OUT/w8_workers{1,4}.json
+#      processes (16 connections), 2 prefill + 2 decode pods (one of each per GPU) so that the pods have room to
+#      spare                                                                       -> $OUT/w8_workers{1,4}.json
 #   4. the ratios (acceptance of the served-path issue)                           -> $OUT/summary.txt
 # Usage (device repo root): source scripts/device_env.sh && bash scripts/gpu/served.sh
 set -uo pipefail
@@ -20,7 +21,8 @@ CLUSTER=(--gpus 0,1 --kv-transfer-backend cuda_ipc --pod-arg "--num-blocks 16384
 timeout 240 python3 -m bench --workload w8 "${SHAPE[@]}" "${CLUSTER[@]}" --output-len 32 --concurrency 128,256 \
   --client-procs 8 --log-dir /tmp/logs-w8 --json "$OUT/w8.json" >"$OUT/w8.log" 2>&1
 for workers in 1 4; do
-  PDSERVE_ROUTER_WORKERS=$workers timeout 200 python3 -m bench --workload w8 "${SHAPE[@]}" "${CLUSTER[@]}" \
+  PDSERVE_ROUTER_WORKERS=$workers timeout 200 python3 -m bench --workload w8 "${SHAPE[@]}" --gpus 0,1 \
+    --kv-transfer-backend cuda_ipc --pod-arg "--num-blocks 8192" --no-progress --num-prefill 2 --num-decode 2 \
     --output-len 8 --concurrency 512 --num-prompts 4096 --client-procs 16 --log-dir "/tmp/logs-w$workers" \
     --json "$OUT/w8_workers$workers.json" >"$OUT/w8_workers$workers.log" 2>&1
 done
@@ -60,4 +62,6 @@ for workers in (1, 4):
 if streams.get(1) and streams.get(4):
     print(f"4 workers / 1 = {streams[4] / streams[1]:.2f} (acceptance >= 3)")
 PY
-for f in /tmp/logs-w8/*.log; do echo "== $f"; tail -5 "$f"; done >"$OUT/logs_tail.txt" 2>&1
+for f in /tmp/logs-w*/*.log; do echo "== $f"; grep -E "WARNING|ERROR" "$f" | tail -5; done >"$OUT/logs_tail.txt" 2>&1
+# NOTE: at most 8 files come back from a device run: the figures travel as one archive.
+(cd "$OUT" && tar czf served.tgz ./*.json ./*.log && rm -f ./*.json ./*.log)

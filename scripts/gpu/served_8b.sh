@@ -43,3 +43,4 @@ for system in ("colocated", "disaggregated"):
     rates = [(r.get("offered_req_per_s"), r.get("slo_attainment"), r.get("failed")) for r in result.get("rates", [])]
     print(f"w7 {system}: goodput/GPU {result.get('goodput_req_per_s_per_gpu')}; (rate, attainment, failed) {rates}")
 PY
+(cd "$OUT" && tar czf served_8b.tgz ./*.json ./*.log && rm -f ./*.json ./*.log)
