@@ -109,6 +109,12 @@ def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--warmup-prompts", type=int, default=4, help="requests sent before measuring (default: 4)")
     load.add_argument("--request-timeout-s", type=float, default=300.0, help="deadline of each request (default: 300)")
     load.add_argument("--concurrency", help="w8: concurrent streams, comma-separated (default: 32,128)")
+    load.add_argument(
+        "--client-connections",
+        type=int,
+        default=4,
+        help="w8: connections each client process opens to the router, used in turn (default: 4)",
+    )
     load.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                       help="w8: client processes sharing the streams (default: cores / 4, at most 4)")  # fmt: skip
     load.add_argument("--prompt-format", choices=("text", "token_ids"), default="text",

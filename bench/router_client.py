@@ -39,11 +39,17 @@ def _failure(exc: BaseException) -> str:
 
 
 class RouterTarget:
-    """Generate calls to the router's GenerationService, prompts as token ids (or as text)."""
+    """Generate calls to the router's GenerationService, prompts as token ids (or as text), over `num_connections`
+    connections taken in turn (a router of several processes on one port gets each connection's calls in one of
+    them: more connections spread a client's calls over its processes, as many clients would)."""
 
-    def __init__(self, address: str, timeout_s: float | None) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
+    def __init__(self, address: str, timeout_s: float | None, num_connections: int = 1) -> None:
+        self._channels = [
+            grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) for _ in range(max(1, num_connections))
+        ]
+        self._stubs = [generation_pb2_grpc.GenerationServiceStub(channel) for channel in self._channels]
+        self._turns = itertools.count()
+        self._stub = self._stubs[0]
         self._timeout_s = timeout_s
 
     async def __aenter__(self) -> RouterTarget:
@@ -75,7 +81,8 @@ class RouterTarget:
         record = RequestRecord(RequestTiming(time.monotonic()))
         token_times = record.timing.token_times
         try:
-            async for response in self._stub.Generate(request, timeout=self._timeout_s):
+            stub = self._stubs[next(self._turns) % len(self._stubs)]
+            async for response in stub.Generate(request, timeout=self._timeout_s):
                 now = time.monotonic()
                 token_times.extend(now for _ in response.token_ids)
                 if response.HasField("usage"):
@@ -91,7 +98,7 @@ class RouterTarget:
         return record
 
     async def aclose(self) -> None:
-        await self._channel.close()
+        await asyncio.gather(*(channel.close() for channel in self._channels))
 
 
 class PodDirectTarget:

@@ -1,7 +1,7 @@
 """W8 router: the time the router adds to each request, and the streams it serves per second per core.
 
 At each --concurrency level C: N requests (--input-len / --output-len) sent by C concurrent clients (closed
-loop, spread over --client-procs processes, each with a connection of its own) straight to the pods, the
+loop, spread over --client-procs processes, each with connections of its own) straight to the pods, the
 client making the router's pod calls itself (Reserve, Prefill, Decode: `PodDirectTarget`), then N other
 requests of the same lengths through the router (prompts as text by default, so the router tokenizes them).
 
@@ -50,6 +50,8 @@ class ClientJob:
     texts: tuple[str, ...] | None
     """Text prompts in place of the token ids (router only)."""
     concurrency: int
+    num_connections: int
+    """Connections to the router (router runs only)."""
     timeout_s: float
     id_prefix: str
     show_progress: bool
@@ -63,7 +65,7 @@ def run_client(job: ClientJob) -> RunResult:
 async def _run_client(job: ClientJob) -> RunResult:
     desc = f"{'router' if job.via_router else 'direct'} x{job.concurrency}"
     if job.via_router:
-        async with RouterTarget(job.address, job.timeout_s) as router:
+        async with RouterTarget(job.address, job.timeout_s, job.num_connections) as router:
             texts = job.texts
             return await run_closed_loop(
                 lambda i: router.generate(job.specs[i], f"{job.id_prefix}-{i}", texts[i] if texts else None),
@@ -163,10 +165,18 @@ def run_w8(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
     with serving(args, model) as cluster:
         prefill, decode = pod_addresses(cluster.redis_url) if cluster.redis_url else ([], [])
         base = ClientJob(
-            via_router=True, address=cluster.address, prefill_addresses=tuple(prefill),
-            decode_addresses=tuple(decode), specs=(), texts=None, concurrency=1, timeout_s=args.request_timeout_s,
-            id_prefix=f"{args.run_id}-w8", show_progress=args.progress,
-        )  # fmt: skip
+            via_router=True,
+            address=cluster.address,
+            prefill_addresses=tuple(prefill),
+            decode_addresses=tuple(decode),
+            specs=(),
+            texts=None,
+            concurrency=1,
+            num_connections=args.client_connections,
+            timeout_s=args.request_timeout_s,
+            id_prefix=f"{args.run_id}-w8",
+            show_progress=args.progress,
+        )
         to_text = _decoder(args, model) if args.prompt_format == "text" else None
         notes = [] if prefill and decode else ["no direct baseline: the pods' Redis is unknown (pass --redis-url)"]
         with _client_pool(args.client_procs) as pool:

@@ -85,7 +85,19 @@ def test_synthetic_tokenizer_round_trips_every_id(tmp_path: Path) -> None:
 
 def test_client_jobs_split_requests_and_concurrency() -> None:
     specs = tuple(RequestSpec([i], 1) for i in range(5))
-    job = ClientJob(True, "a:1", (), (), specs, None, concurrency=3, timeout_s=1.0, id_prefix="x", show_progress=True)
+    job = ClientJob(
+        True,
+        "a:1",
+        (),
+        (),
+        specs,
+        None,
+        concurrency=3,
+        num_connections=2,
+        timeout_s=1.0,
+        id_prefix="x",
+        show_progress=True,
+    )
     parts = split_job(job, 2)
     assert [[s.prompt_token_ids[0] for s in p.specs] for p in parts] == [[0, 2, 4], [1, 3]]
     assert [p.concurrency for p in parts] == [2, 1] and [p.id_prefix for p in parts] == ["x-p0", "x-p1"]
