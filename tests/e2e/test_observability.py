@@ -53,8 +53,9 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pdserv
 METRIC_NAME = re.compile(r"\bpdserve:[a-zA-Z0-9_:]+")
 SERVICES = {"router": "pdserve-router", "prefill": "pdserve-prefill", "decode": "pdserve-decode"}
 GENERATE = "pdserve.v1.GenerationService/Generate"
-RESERVE, PREFILL, DECODE = (f"pdserve.v1.{m}" for m in ("DecodeService/Reserve", "PrefillService/Prefill",
-                                                         "DecodeService/Decode"))  # fmt: skip
+RESERVE, PREFILL, DECODE = (
+    f"pdserve.v1.{m}" for m in ("DecodeService/Reserve", "PrefillService/Prefill", "DecodeService/DecodeStream")
+)
 TRACING_ON_LOG = "tracing: spans of"
 """What common.telemetry.setup_tracing logs when it creates an exporter."""
 NUM_REPEATS = 4
@@ -187,7 +188,9 @@ def test_one_trace_per_request_spans_all_three_services_with_links_and_genai_att
     def complete() -> bool:
         services = {s.service for s in trace_of(receiver, "trace-me")}
         names = {s.name for s in trace_of(receiver, "trace-me")}
-        return services == set(SERVICES.values()) and {GENERATE, RESERVE, PREFILL, DECODE, "prefill"} <= names
+        return (
+            services == set(SERVICES.values()) and {GENERATE, RESERVE, PREFILL, "prefill", "decode.generate"} <= names
+        )
 
     assert wait_until(complete, SPAN_WAIT_S), [(s.service, s.name) for s in trace_of(receiver, "trace-me")]
     time.sleep(0.5)  # NOTE: the pods' last spans (transfer end, decode) may come one export later.
@@ -199,16 +202,21 @@ def test_one_trace_per_request_spans_all_three_services_with_links_and_genai_att
     assert generate.parent_id == server.span_id
     for name in ("tokenize", "route"):
         assert one(spans, "router", name, "INTERNAL").parent_id == generate.span_id
-    for role, method in (("decode", RESERVE), ("prefill", PREFILL), ("decode", DECODE)):
+    for role, method in (("decode", RESERVE), ("prefill", PREFILL)):
         client_span = one(spans, "router", method, "CLIENT")
         assert client_span.parent_id == generate.span_id
         assert one(spans, role, method, "SERVER").parent_id == client_span.span_id
-    for role, method, internal in (("prefill", PREFILL, "prefill"), ("decode", DECODE, "decode.generate")):
-        pod_server = one(spans, role, method, "SERVER")
-        inside = [s for s in spans if s.service == SERVICES[role] and s.kind == "INTERNAL"]
-        assert internal in {s.name for s in inside}, [s.name for s in inside]
-        assert all(s.parent_id in by_id for s in inside), [(s.name, s.parent_id) for s in inside]
-        assert under(next(s for s in inside if s.name == internal), pod_server, by_id)
+    prefill_inside = [s for s in spans if s.service == SERVICES["prefill"] and s.kind == "INTERNAL"]
+    assert "prefill" in {s.name for s in prefill_inside}, [s.name for s in prefill_inside]
+    assert all(s.parent_id in by_id for s in prefill_inside), [(s.name, s.parent_id) for s in prefill_inside]
+    assert under(
+        next(s for s in prefill_inside if s.name == "prefill"), one(spans, "prefill", PREFILL, "SERVER"), by_id
+    )
+    # NOTE: the DecodeStream is shared by the router's requests: each DecodeStart carries its request's trace context,
+    # and the decode pod's spans of the request continue the router's "generate" span.
+    assert not [s for s in spans if s.name == DECODE]
+    for name in ("decode.admission", "decode.generate"):
+        assert one(spans, "decode", name, "INTERNAL").parent_id == generate.span_id
     assert {key: generate.attributes.get(key) for key in (
         GEN_AI_OPERATION_NAME, GEN_AI_REQUEST_MODEL, GEN_AI_REQUEST_MAX_TOKENS, GEN_AI_REQUEST_TEMPERATURE,
         GEN_AI_USAGE_INPUT_TOKENS, GEN_AI_USAGE_OUTPUT_TOKENS, GEN_AI_RESPONSE_FINISH_REASONS,

@@ -151,12 +151,21 @@ def test_tp2_pod_pair_on_two_gpus_ships_kv_rank_to_rank(
     assert [s.token_ids for s in streams] == expected
 
 
-def _worker_pids(pod_pid: int) -> list[int]:
-    """The pod's engine workers: its children that multiprocessing spawned (not its resource tracker)."""
+def _children(pid: int) -> list[int]:
     children: list[int] = []
-    for task in Path(f"/proc/{pod_pid}/task").iterdir():
-        children += [int(pid) for pid in (task / "children").read_text().split()]
-    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(child) for child in (task / "children").read_text().split()]
+    return children
+
+
+def _worker_pids(pod_pid: int) -> list[int]:
+    """The pod's engine workers: the processes that multiprocessing spawned under its engine core process (not its
+    resource tracker)."""
+    descendants, frontier = [], _children(pod_pid)
+    while frontier:
+        descendants += frontier
+        frontier = [child for pid in frontier for child in _children(pid)]
+    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in descendants}
     return sorted(pid for pid, cmdline in cmdlines.items() if b"spawn_main" in cmdline)
 
 

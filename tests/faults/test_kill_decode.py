@@ -1,13 +1,17 @@
 """kill -9 a decode pod while it streams (1 prefill + 2 decode pods): its completions migrate to the other decode
-pod and every request completes with the tokens an unfailed run gives, greedy and seeded alike.
+pod and every request completes with the tokens an unfailed run gives, greedy and seeded alike. The same when only
+the pod's engine core process is killed: the pod sees it at once, leaves the registry and exits 1.
 
 The default run is short (7 streams x 32 tokens); the acceptance shape (12 streams x 200 tokens) is a soak.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -45,11 +49,25 @@ def _decode_pod_running_one(cluster: LocalCluster) -> str | None:
     return busy[0] if len(busy) == 1 else None
 
 
+def _kill_engine_core(cluster: LocalCluster, pod_id: str) -> float:
+    """kill -9 the pod's engine core process (`python -m engine.core`, its child); the time.monotonic() of the kill."""
+    pod_pid = cluster.pods[pod_id].pid
+    children = Path(f"/proc/{pod_pid}/task/{pod_pid}/children").read_text().split()
+    [core] = [int(pid) for pid in children if b"engine.core" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(core, signal.SIGKILL)
+    return time.monotonic()
+
+
 def _kill_mid_stream(
-    cluster: LocalCluster, client: GenerationClient, oracle: Oracle, num_greedy: int, num_tokens: int
+    cluster: LocalCluster,
+    client: GenerationClient,
+    oracle: Oracle,
+    num_greedy: int,
+    num_tokens: int,
+    kill_pod: Callable[[LocalCluster, str], float] = kill,
 ) -> dict[str, float | int | None]:
-    """Start a seeded sampled stream alone, then `num_greedy` greedy ones; once every stream has tokens, kill -9 the
-    seeded stream's decode pod. Checks every stream against an unfailed run; returns the figures."""
+    """Start a seeded sampled stream alone, then `num_greedy` greedy ones; once every stream has tokens, `kill_pod`
+    the seeded stream's decode pod. Checks every stream against an unfailed run; returns the figures."""
     prompts = [random_prompt(seed, PROMPT_TOKENS) for seed in range(num_greedy)]
     expected = [output.token_ids for output in oracle.greedy(prompts, num_tokens)]
     seeded = {"token_ids": random_prompt(1000, PROMPT_TOKENS), "max_tokens": num_tokens, "temperature": 1.0,
@@ -65,7 +83,7 @@ def _kill_mid_stream(
               for prompt in prompts]  # fmt: skip
     streams = [seeded_stream, *start_streams(client, greedy)]
     assert seconds_until(lambda: all(len(s.token_ids) >= 4 for s in streams), 120.0) is not None
-    killed_at = kill(cluster, victim)
+    killed_at = kill_pod(cluster, victim)
     to_serve = seconds_to_serve(client, random_prompt(2000, 8), 30.0)
     join_streams(streams)
     recovered_at = time.monotonic()
@@ -95,6 +113,24 @@ def test_kill_decode_mid_stream_loses_no_request(
     record_property("figures", figures)
     print(figures)
     assert figures["new_request_served_s"] is not None and figures["new_request_served_s"] < 3.0
+
+
+def test_a_killed_engine_core_takes_its_pod_out_and_loses_no_request(
+    cluster: LocalCluster, client: GenerationClient, oracle: Oracle, record_property: pytest.RecordProperty
+) -> None:
+    while len(pods_of(cluster, "decode")) < 2:
+        cluster.add_pod("decode")
+    figures = _kill_mid_stream(cluster, client, oracle, num_greedy=3, num_tokens=24, kill_pod=_kill_engine_core)
+    record_property("figures", figures)
+    print(figures)
+
+    def exited() -> list[str]:
+        return [pod_id for pod_id, process in cluster.pods.items() if process.returncode is not None]
+
+    assert seconds_until(lambda: bool(exited()), 30.0) is not None
+    dead = exited()
+    assert [cluster.pods[pod_id].returncode for pod_id in dead] == [1], "the pod exits 1 once its core died"
+    assert not set(dead) & {pod.pod_id for pod in pods_of(cluster, "decode")}
 
 
 @pytest.mark.soak
