@@ -52,7 +52,10 @@ def _decode_pod_running_one(cluster: LocalCluster) -> str | None:
 def _kill_engine_core(cluster: LocalCluster, pod_id: str) -> float:
     """kill -9 the pod's engine core process (`python -m engine.core`, its child); the time.monotonic() of the kill."""
     pod_pid = cluster.pods[pod_id].pid
-    children = Path(f"/proc/{pod_pid}/task/{pod_pid}/children").read_text().split()
+    # NOTE: every thread's children: the core is started from the pod's spawner thread (common.child_process).
+    children = [
+        pid for task in Path(f"/proc/{pod_pid}/task").iterdir() for pid in (task / "children").read_text().split()
+    ]
     [core] = [int(pid) for pid in children if b"engine.core" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     os.kill(core, signal.SIGKILL)
     return time.monotonic()
