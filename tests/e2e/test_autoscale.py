@@ -204,7 +204,8 @@ def test_prefill_load_adds_a_prefill_pod_then_one_drains_once_the_load_stops(clu
     scale_out_then_in(cluster, PREFILL_HEAVY, "prefill", sizes=(384, 1), steady_s=0.0)
 
 
-@pytest.mark.slow
+# NOTE: a soak case (~35 s on 2 cores with its pods): the prefill scale-out and -in stays in the default suite.
+@pytest.mark.soak
 def test_decode_load_adds_a_decode_pod_that_stays_while_the_load_lasts_then_one_drains(cluster: LocalCluster) -> None:
     scale_out_then_in(cluster, DECODE_HEAVY, "decode", sizes=(16, 48), steady_s=5.0)
 

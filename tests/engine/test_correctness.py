@@ -74,7 +74,14 @@ SMOLLM2_SETTINGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "kwargs"), SMOLLM2_SETTINGS, ids=[s[0] for s in SMOLLM2_SETTINGS])
+# NOTE: preemption on the real model (~30 s on 2 cores) is a soak case: the tiny models run it in the default suite.
+SMOLLM2_CASES = [
+    pytest.param(name, kwargs, id=name, marks=[pytest.mark.soak] if name == "preemption" else [])
+    for name, kwargs in SMOLLM2_SETTINGS
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), SMOLLM2_CASES)
 def test_smollm2_matches_transformers(
     smollm2_case: tuple[Path, list[list[int]], list[list[int]]], name: str, kwargs: dict[str, Any]
 ) -> None:

@@ -88,6 +88,8 @@ def test_tensor_and_pipeline_parallel_together_match_one_device(
         executor.close()
 
 
+# NOTE: a soak case (~30 s on 2 cores): the tiny models' tensor- and pipeline-parallel cases stay in the default suite.
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_tensor_parallel_3_on_smollm2_matches_one_device(smollm2_path: Path) -> None:
     """SmolLM2-135M: 9 heads and 3 KV heads over 3 ranks (one KV head each), 16 prompts x 32 tokens."""
