@@ -25,21 +25,19 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from opentelemetry import trace
-
 from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing, context_from_carrier
 from decode_service.decode_metrics import DecodeMeasure
 from decode_service.decode_stream import DecodeStart, DecodeStreamSession, StreamEnd
-from engine.core.client import EngineCoreClient, EngineDeadError
+from engine.core.client import EngineDeadError
 from engine.core.commands import AbortRequest, AddPrefilledRequest, ReleaseKV, ReserveKV
-from engine.core.outputs import CoreOutputs, EngineLoad
+from engine.core.outputs import CoreOutputs
 from engine.core.process import CoreReady
 from kv_transfer.state import TransferState
 from kv_transfer.target import KVTarget
 from pod.admission import Admission, Ticket
-from pod.front import report_load
+from pod.front import CoreFront
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +62,7 @@ class _Decoding:
     measure: DecodeMeasure
 
 
-class DecodeFront:
+class DecodeFront(CoreFront):
     """Serves Reserve, DecodeStream and Release over one engine core; see the module docstring. Build it with a
     started core's `CoreReady` and attach it with `bind(client)`."""
 
@@ -78,24 +76,14 @@ class DecodeFront:
         tracing: Tracing | None = None,
         metrics: ServiceMetrics | None = None,
     ) -> None:
-        self.info = ready.info
+        super().__init__("decode", ready, tracing, metrics)
         self._ready = ready
         self._backend = backend
         self._lease_s = lease_s
         self._admission = admission
         self._generation = generation
-        self._tracing = tracing or Tracing(trace.NoOpTracer())
-        self._metrics = metrics or ServiceMetrics("decode")
-        self._client: EngineCoreClient | None = None
-        self._load = ready.load
         self._reservations: dict[str, _Reservation] = {}
         self._decoding: dict[str, _Decoding] = {}
-        self._draining = False
-
-    def bind(self, client: EngineCoreClient) -> None:
-        """Serve over `client`'s core: its outputs and its death come here from now on."""
-        self._client = client
-        client.attach(self.on_outputs, self.on_dead)
 
     @property
     def kv_endpoint(self) -> str:
@@ -104,16 +92,6 @@ class DecodeFront:
     @property
     def num_in_flight(self) -> int:
         return len(self._reservations) + len(self._decoding)
-
-    @property
-    def engine_failed(self) -> bool:
-        return self._core().failed
-
-    def start_draining(self) -> None:
-        self._draining = True
-
-    def load(self) -> EngineLoad:
-        return self._load
 
     async def reserve(self, num_prompt_tokens: int, max_tokens: int, request_id: str = "") -> KVTarget:
         """Reserve the prompt's blocks under a lease (ResourceExhaustedError when the pool cannot supply them);
@@ -227,8 +205,7 @@ class DecodeFront:
             self._reservation_ended(ended.req_id, ended.state)
         for session in touched:
             session.flush()
-        self._load = out.load
-        report_load(self._metrics, out.load)
+        self.note_load(out.load)
 
     def on_dead(self, error: EngineDeadError) -> None:
         """The engine core died: every open Reserve and request fails with `error`."""
@@ -289,8 +266,3 @@ class DecodeFront:
                 f"num_prompt_tokens ({num_prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
                 f"{self.info.max_model_len}",
             )
-
-    def _core(self) -> EngineCoreClient:
-        if self._client is None:
-            raise UnavailableError("decode pod is still loading")
-        return self._client

@@ -1,4 +1,4 @@
-"""What the pod runtime needs of a pod's front (prefill or decode), and how a front reports its engine's load.
+"""What the pod runtime needs of a pod's front (prefill or decode), and what both fronts share (`CoreFront`).
 
 A front learns its engine's load from every turn of the engine core (`engine.core.outputs.EngineLoad`); the registry
 heartbeat reads that snapshot (`PodFront.load()`), so a long engine step never delays a heartbeat.
@@ -6,10 +6,18 @@ heartbeat reads that snapshot (`PodFront.load()`), so a long engine step never d
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol
 
+from opentelemetry import trace
+
+from common.errors import UnavailableError
 from common.metrics import ServiceMetrics
-from engine.core.outputs import EngineLoad
+from common.pod_registry import PodRole
+from common.telemetry import Tracing
+from engine.core.client import EngineCoreClient, EngineDeadError
+from engine.core.outputs import CoreOutputs, EngineLoad
+from engine.core.process import CoreReady
 
 
 class PodFront(Protocol):
@@ -54,3 +62,52 @@ def report_load(metrics: ServiceMetrics, load: EngineLoad) -> None:
         accepted_tokens=load.spec_accepted_tokens,
         verify_steps=load.spec_verify_steps,
     )
+
+
+class CoreFront(ABC):
+    """A role's front over its engine core: built with the started core's `CoreReady`, attached with `bind`; each
+    turn's outputs go to `on_outputs` (which ends with `note_load`), the core's death to `on_dead`."""
+
+    def __init__(
+        self, role: PodRole, ready: CoreReady, tracing: Tracing | None, metrics: ServiceMetrics | None
+    ) -> None:
+        self.role = role
+        self.info = ready.info
+        self._tracing = tracing or Tracing(trace.NoOpTracer())
+        self._metrics = metrics or ServiceMetrics(role)
+        self._client: EngineCoreClient | None = None
+        self._load = ready.load
+        self._draining = False
+
+    def bind(self, client: EngineCoreClient) -> None:
+        """Serve over `client`'s core: its outputs and its death come here from now on."""
+        self._client = client
+        client.attach(self.on_outputs, self.on_dead)
+
+    @property
+    def engine_failed(self) -> bool:
+        return self._core().failed
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    def load(self) -> EngineLoad:
+        return self._load
+
+    @abstractmethod
+    def on_outputs(self, out: CoreOutputs) -> None:
+        """Every turn of the core, on the event loop."""
+
+    @abstractmethod
+    def on_dead(self, error: EngineDeadError) -> None:
+        """The engine core died: every open call fails with `error`."""
+
+    def note_load(self, load: EngineLoad) -> None:
+        """A turn's load: the heartbeat's snapshot and the metrics' engine state."""
+        self._load = load
+        report_load(self._metrics, load)
+
+    def _core(self) -> EngineCoreClient:
+        if self._client is None:
+            raise UnavailableError(f"{self.role} pod is still loading")
+        return self._client

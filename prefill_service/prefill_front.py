@@ -45,16 +45,16 @@ from common.telemetry import (
     Tracing,
     capture_context,
 )
-from engine.core.client import EngineCoreClient, EngineDeadError
+from engine.core.client import EngineDeadError
 from engine.core.commands import AbortRequest, AddRequest
 from engine.core.kv_shipper import KEEPALIVES_PER_LEASE
-from engine.core.outputs import CoreOutputs, EngineLoad, TransferEnded
+from engine.core.outputs import CoreOutputs, TransferEnded
 from engine.core.process import CoreReady
 from engine.scheduler_output import EngineOutput
 from kv_transfer.state import TransferError, TransferState
 from kv_transfer.target import KVTarget
 from pod.admission import Admission
-from pod.front import report_load
+from pod.front import CoreFront
 from prefill_service.chunk_spans import ChunkSpans
 from prefill_service.prefill_checks import PrefillChecks
 from prefill_service.prefill_events import FirstToken, PrefillEvent, TransferDone
@@ -83,7 +83,7 @@ class _Call:
                 future.exception()
 
 
-class PrefillFront:
+class PrefillFront(CoreFront):
     """Runs Prefill calls over one engine core; see the module docstring. Build it with a started core's `CoreReady`
     and attach it with `bind(client)`."""
 
@@ -98,39 +98,19 @@ class PrefillFront:
         metrics: ServiceMetrics | None = None,
     ) -> None:
         """`lease_s` is the decode pods' reservation lease assumed when a KV target does not name its own."""
-        self.info = ready.info
+        super().__init__("prefill", ready, tracing, metrics)
         self._backend = backend
         self._lease_s = lease_s
         self._admission = admission
         self._on_kv_events = on_kv_events
-        self._tracing = tracing or Tracing(trace.NoOpTracer())
-        self._metrics = metrics or ServiceMetrics("prefill")
         assert ready.kv_layout is not None, "a prefill pod's core has a KV sender"
         self._checks = PrefillChecks(ready.info, ready.kv_layout, backend)
         self._chunk_spans = ChunkSpans(self._tracing.tracer)
-        self._client: EngineCoreClient | None = None
-        self._load = ready.load
         self._calls: dict[str, _Call] = {}
-        self._draining = False
-
-    def bind(self, client: EngineCoreClient) -> None:
-        """Serve over `client`'s core: its outputs and its death come here from now on."""
-        self._client = client
-        client.attach(self.on_outputs, self.on_dead)
 
     @property
     def num_in_flight(self) -> int:
         return len(self._calls)
-
-    @property
-    def engine_failed(self) -> bool:
-        return self._core().failed
-
-    def start_draining(self) -> None:
-        self._draining = True
-
-    def load(self) -> EngineLoad:
-        return self._load
 
     @property
     def kv_endpoint(self) -> str:
@@ -213,8 +193,7 @@ class PrefillFront:
         now_ns = time.time_ns()
         for progress in out.prefill_progress:
             self._chunk_spans.on_progress(progress, out.step_started_ns, now_ns)
-        self._load = out.load
-        report_load(self._metrics, out.load)
+        self.note_load(out.load)
 
     def on_dead(self, error: EngineDeadError) -> None:
         """The engine core died: every open call fails with `error`."""
@@ -300,8 +279,3 @@ class PrefillFront:
             core.send(AbortRequest(transfer_id))
         if early is not None:
             logger.info("prefill of request %r (transfer %s) ended early: %s", call.request_id, transfer_id, early)
-
-    def _core(self) -> EngineCoreClient:
-        if self._client is None:
-            raise UnavailableError("prefill pod is still loading")
-        return self._client

@@ -39,7 +39,17 @@ ROOT="$PWD"
 
 E2E_WORK="${E2E_WORK:-/var/tmp/pdserve-e2e}"
 PROJECT="${E2E_PROJECT:-pdserve-e2e}"
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# NOTE: the Debian mirror this machine's apt uses (deb822 .sources or a sources.list line), unless DEBIAN_MIRROR
+# names one: the repository names no package registry of its own.
+apt_mirror() {
+  cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2}'
+  cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; break}}'
+}
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(apt_mirror | grep -v -e '-security' | head -n 1)}"
+if [[ -z "$DEBIAN_MIRROR" ]]; then
+  echo "compose-e2e: no Debian mirror in this machine's apt configuration; set DEBIAN_MIRROR" >&2
+  exit 2
+fi
 HEALTH_INTERVAL_S="${E2E_HEALTH_INTERVAL_S:-3}"
 BASE_IMAGE=localhost/pdserve-base:bookworm
 REDIS_IMAGE=localhost/pdserve-redis:bookworm

@@ -5,7 +5,6 @@ core's death; and the servicer's protobuf of a batch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from google.rpc import code_pb2
@@ -15,41 +14,21 @@ from common.sampling_params import SamplingParams
 from decode_service.decode_front import DecodeFront
 from decode_service.decode_stream import DecodeStart, DecodeStreamSession, StreamBatch, StreamEnd
 from decode_service.server import _response
-from engine.config import SchedulerConfig
 from engine.core.client import EngineDeadError
-from engine.core.commands import AbortRequest, AddPrefilledRequest, Command, KVReserved, ReserveKV
-from engine.core.outputs import CoreOutputs, EngineLoad, ErrorInfo, RequestFailed
-from engine.core.process import CoreReady
-from engine.runtime_info import RuntimeInfo
+from engine.core.commands import AbortRequest, AddPrefilledRequest, KVReserved, ReserveKV
+from engine.core.outputs import CoreOutputs, ErrorInfo, RequestFailed
 from engine.scheduler_output import EngineOutput
-from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferExpiredError
 from pod.admission import Admission, AdmissionLimits
+from tests.pod.scripted_core import LAYOUT, ScriptedCore, core_ready
 
 pytestmark = pytest.mark.anyio
 
-INFO = RuntimeInfo("m", "cpu", "float32", 64, 16, 512, 512, (0,))
-LAYOUT = KVLayout("float32", 16, 2, 2, 8)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-class ScriptedCore:
-    """What DecodeFront needs of an EngineCoreClient; the test plays the core."""
-
-    def __init__(self) -> None:
-        self.commands: list[Command] = []
-        self.failed = False
-        self.on_outputs: Callable[[CoreOutputs], None] = lambda out: None
-
-    def attach(self, on_outputs: Callable[[CoreOutputs], None], on_dead: Callable[[EngineDeadError], None]) -> None:
-        self.on_outputs = on_outputs
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
-
-
 def _front(limits: AdmissionLimits | None = None) -> tuple[DecodeFront, ScriptedCore]:
-    ready = CoreReady(INFO, SchedulerConfig(), "127.0.0.1:9", LAYOUT, EngineLoad(num_total_blocks=64))
+    ready = core_ready("127.0.0.1:9")
     front = DecodeFront(ready, "tcp", 10.0, Admission(limits or AdmissionLimits()), generation=7)
     core = ScriptedCore()
     front.bind(core)  # type: ignore[arg-type]

@@ -5,52 +5,31 @@ early."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError
 from common.sampling_params import SamplingParams
-from engine.config import SchedulerConfig
-from engine.core.client import EngineDeadError
-from engine.core.commands import AbortRequest, AddRequest, Command
-from engine.core.outputs import CoreOutputs, EngineLoad, ErrorInfo, TransferEnded
-from engine.core.process import CoreReady
-from engine.runtime_info import RuntimeInfo
+from engine.core.commands import AbortRequest, AddRequest
+from engine.core.outputs import CoreOutputs, ErrorInfo, TransferEnded
 from engine.scheduler_output import EngineOutput
 from kv_transfer.base import TransferStats
-from kv_transfer.layout import KVLayout
 from kv_transfer.state import TransferExpiredError, TransferState
 from kv_transfer.target import KVTarget
 from pod.admission import Admission, AdmissionLimits
 from prefill_service.prefill_events import FirstToken, PrefillEvent, TransferDone
 from prefill_service.prefill_front import PrefillFront
+from tests.pod.scripted_core import LAYOUT, ScriptedCore, core_ready
 
 pytestmark = pytest.mark.anyio
 
-INFO = RuntimeInfo("m", "cpu", "float32", 64, 16, 512, 512, (0,))
-LAYOUT = KVLayout("float32", 16, 2, 2, 8)
 PROMPT = list(range(1, 41))
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
-class ScriptedCore:
-    """What PrefillFront needs of an EngineCoreClient; the test plays the core."""
-
-    def __init__(self) -> None:
-        self.commands: list[Command] = []
-        self.failed = False
-        self.on_outputs: Callable[[CoreOutputs], None] = lambda out: None
-
-    def attach(self, on_outputs: Callable[[CoreOutputs], None], on_dead: Callable[[EngineDeadError], None]) -> None:
-        self.on_outputs = on_outputs
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
-
-
 def _front(limits: AdmissionLimits | None = None) -> tuple[PrefillFront, ScriptedCore]:
-    ready = CoreReady(INFO, SchedulerConfig(), "", LAYOUT, EngineLoad(num_total_blocks=64))
+    ready = core_ready("")
     front = PrefillFront(ready, "tcp", 10.0, Admission(limits or AdmissionLimits()))
     core = ScriptedCore()
     front.bind(core)  # type: ignore[arg-type]
