@@ -89,21 +89,36 @@ def _add_health(commands: Commands) -> None:
 
 
 def _add_status(commands: Commands) -> None:
-    status = commands.add_parser("status", help="list the registered pods (state, load, KV use) and routers' health",
-                                 description="Every pod in the Redis pod registry, as of its last heartbeat; "
-                                 "routers do not register: name them with --router to see their health. Without "
-                                 "--redis-url: the pods and the router of the cluster that `pdserve up` runs on this "
-                                 "machine.")  # fmt: skip
-    status.add_argument("--redis-url", default=os.environ.get(_REDIS_URL_VARIABLE),
-                        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, else the Redis of the cluster that "
-                        "`pdserve up` runs on this machine)")  # fmt: skip
-    status.add_argument("--router", action="append", default=[], metavar="ADDRESS",
-                        help="host:port of a router to health-check (repeatable; default: none, or the router of the "
-                        "`pdserve up` cluster)")  # fmt: skip
+    status = commands.add_parser(
+        "status",
+        help="list the registered pods (state, load, KV use) and routers' health",
+        description="Every pod in the Redis pod registry, as of its last heartbeat; "
+        "routers do not register: name them with --router to see their health. Without "
+        "--redis-url: the pods and the router of the cluster that `pdserve up` runs on this "
+        "machine.",
+    )
+    status.add_argument(
+        "--redis-url",
+        default=os.environ.get(_REDIS_URL_VARIABLE),
+        help=f"the registry (default: env {_REDIS_URL_VARIABLE}, else the Redis of the cluster that "
+        "`pdserve up` runs on this machine)",
+    )
+    status.add_argument(
+        "--router",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="host:port of a router to health-check (repeatable; default: none, or the router of the "
+        "`pdserve up` cluster)",
+    )
     status.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of a table")
     status.add_argument("--tls-ca", help="dial the routers over TLS, verifying them against this PEM CA")
-    status.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"bound of each Redis and health call (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
+    status.add_argument(
+        "--timeout-s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"bound of each Redis and health call (default: {DEFAULT_TIMEOUT_S})",
+    )
     status.set_defaults(func=_status)
 
 

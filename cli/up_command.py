@@ -113,8 +113,11 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
             autoscaler = _announce(cluster, config, args, autoscale_config)
             while (exited := cluster.poll_exited()) is None:
                 time.sleep(_WATCH_INTERVAL_S)
-            print(f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
-                  f"{exited.log_tail()}", file=sys.stderr)  # fmt: skip
+            print(
+                f"pdserve: {exited.name} exited with code {exited.returncode}; stopping the cluster. Log tail:\n"
+                f"{exited.log_tail()}",
+                file=sys.stderr,
+            )
             return 1
         except ClusterError as exc:
             print(f"pdserve: {exc}", file=sys.stderr)

@@ -37,9 +37,11 @@ class RouterConfig:
     )
     tokenizer: str | None = field(
         default=None,
-        metadata=doc("folder with tokenizer.json, or a model alias, to tokenize with; default: the model's own "
-                     "(needed for config-only models such as shape:qwen3-8b)"),
-    )  # fmt: skip
+        metadata=doc(
+            "folder with tokenizer.json, or a model alias, to tokenize with; default: the model's own "
+            "(needed for config-only models such as shape:qwen3-8b)"
+        ),
+    )
     workers: int = field(
         default=0,
         metadata=doc(

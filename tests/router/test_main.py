@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,11 @@ from router.security import RouterSecurity
 
 
 def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    config, routing, telemetry, security = parse_args([
-        "--port", "0", "--redis-url", "redis://r:1/0", "--tokenizer-pool-size", "3", "--registry-refresh-s", "0.5",
-        "--max-attempts", "5", "--missing-pod-grace-s", "0.6", "--otlp-endpoint", "http://c:4317",
-        "--metrics-port", "9100",
-    ], environ={})  # fmt: skip
+    argv = shlex.split(
+        "--port 0 --redis-url redis://r:1/0 --tokenizer-pool-size 3 --registry-refresh-s 0.5 --max-attempts 5 "
+        "--missing-pod-grace-s 0.6 --otlp-endpoint http://c:4317 --metrics-port 9100"
+    )
+    config, routing, telemetry, security = parse_args(argv, environ={})
     assert config == RouterConfig(port=0, redis_url="redis://r:1/0", tokenizer_pool_size=3, registry_refresh_s=0.5)
     assert routing == RoutingConfig(max_attempts=5, missing_pod_grace_s=0.6)
     assert telemetry == TelemetryConfig(otlp_endpoint="http://c:4317", metrics_port=9100)
