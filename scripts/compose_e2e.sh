@@ -42,10 +42,16 @@ PROJECT="${E2E_PROJECT:-pdserve-e2e}"
 # NOTE: the Debian mirror this machine's apt uses (deb822 .sources or a sources.list line), unless DEBIAN_MIRROR
 # names one: the repository names no package registry of its own.
 apt_mirror() {
-  cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2}'
-  cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; break}}'
+  local file uri
+  for file in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f "$file" ]] || continue
+    while read -r uri; do
+      [[ "$uri" == *-security* ]] || { echo "$uri"; return 0; }
+    done < <(awk '/^URIs:/ {print $2} $1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; break}}' "$file")
+  done
+  return 0
 }
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(apt_mirror | grep -v -e '-security' | head -n 1)}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(apt_mirror)}"
 if [[ -z "$DEBIAN_MIRROR" ]]; then
   echo "compose-e2e: no Debian mirror in this machine's apt configuration; set DEBIAN_MIRROR" >&2
   exit 2
