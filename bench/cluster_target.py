@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import shlex
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli.cluster import LocalCluster
@@ -51,6 +51,8 @@ class Serving:
     """The cluster's Redis (pod registry), when known: needed to call the pods directly (W8)."""
     router_pid: int | None
     """The router's process id, when known: its CPU time gives W8's streams/s/core."""
+    pod_pids: Mapping[str, int] = field(default_factory=dict)
+    """Process ids of the pods by pod id (own cluster only): their CPU time per request in W8."""
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:
@@ -100,7 +102,12 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
         with stopping_on_signals(cluster.stop):
             cluster.start()
             router = cluster.router
-            yield Serving(cluster.router_address, cluster.redis_url, router.pid if router is not None else None)
+            yield Serving(
+                cluster.router_address,
+                cluster.redis_url,
+                router.pid if router is not None else None,
+                {pod_id: pod.pid for pod_id, pod in cluster.pods.items()},
+            )
 
 
 def _router_flags(args: argparse.Namespace, model: ModelChoice, workdir: Path) -> list[str]:

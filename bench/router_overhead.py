@@ -24,7 +24,7 @@ import contextlib
 import multiprocessing
 import os
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 from bench.cluster_target import ModelChoice, pod_addresses, serving
 from bench.load_driver import RunResult, merge, run_closed_loop, summarize
+from bench.process_cpu import CpuSnapshot, pod_cpu_ms_per_request
 from bench.router_client import PodDirectTarget, RouterTarget
 from bench.workloads import RequestSpec, fixed_requests
 from common.child_process import die_with_parent
@@ -92,29 +93,6 @@ def split_job(job: ClientJob, num_procs: int) -> list[ClientJob]:
         )
         for k in range(num_procs)
     ]
-
-
-def process_tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` and its live descendants (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu_s: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-        cpu_s[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [p for p, parent in parents.items() if parent in frontier and p not in tree]
-        tree.update(children)
-        frontier = children
-    return sum(cpu_s.get(p, 0.0) for p in tree)
 
 
 def _decoder(args: argparse.Namespace, model: ModelChoice) -> Callable[[list[int]], str]:
@@ -182,7 +160,7 @@ def run_w8(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
         with _client_pool(args.client_procs) as pool:
             bench = _RouterBench(args, pool, base, asyncio.run(_vocab_size(cluster.address)), to_text)
             bench.warm_up()
-            rows = [bench.level(concurrency, cluster.router_pid) for concurrency in levels]
+            rows = [bench.level(concurrency, cluster.router_pid, cluster.pod_pids) for concurrency in levels]
     return {"levels": rows, "client_procs": args.client_procs, "notes": notes}
 
 
@@ -211,8 +189,9 @@ class _RouterBench:
         if job.prefill_addresses:
             self._run(replace(job, via_router=False, id_prefix=f"{job.id_prefix}-direct"))
 
-    def level(self, concurrency: int, router_pid: int | None) -> dict[str, Any]:
-        """One concurrency level: the direct run, then the router run (other prompts) with its CPU time."""
+    def level(self, concurrency: int, router_pid: int | None, pod_pids: Mapping[str, int]) -> dict[str, Any]:
+        """One concurrency level: the direct run, then the router run (other prompts) with its CPU time and the
+        pods'."""
         n = self.args.num_prompts or max(32, 8 * concurrency)
         row: dict[str, Any] = {"concurrency": concurrency, "requests": n}
         job = replace(self.base, concurrency=concurrency, id_prefix=f"{self.base.id_prefix}-c{concurrency}")
@@ -226,11 +205,14 @@ class _RouterBench:
         if job.prefill_addresses:
             direct = self._run(replace(job, via_router=False, specs=tuple(direct_specs)))
             row["direct"] = summarize(direct) | {"streams_per_s": len(direct.completed) / direct.duration_s}
-        cpu_before = process_tree_cpu_s(router_pid) if router_pid is not None else 0.0
+        before = CpuSnapshot.take()
         routed = self._run(replace(job, specs=tuple(router_specs), texts=texts))
+        after = CpuSnapshot.take()
         row["router"] = summarize(routed) | {"streams_per_s": len(routed.completed) / routed.duration_s}
+        if routed.completed:
+            row["pod_cpu_ms_per_request"] = pod_cpu_ms_per_request(before, after, pod_pids, len(routed.completed))
         if router_pid is not None and routed.completed:
-            cpu_s = process_tree_cpu_s(router_pid) - cpu_before
+            cpu_s = after.tree(router_pid) - before.tree(router_pid)
             row["router_cpu_ms_per_request"] = cpu_s / len(routed.completed) * 1000
             row["streams_per_s_per_core"] = len(routed.completed) / cpu_s if cpu_s > 0 else None
             row["router_cpu_cores"] = cpu_s / routed.duration_s

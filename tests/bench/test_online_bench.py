@@ -21,7 +21,8 @@ import pytest
 from bench.arrivals import parse_rates, poisson_arrivals
 from bench.cluster_target import model_choice, serving, write_synthetic_tokenizer
 from bench.online import WORKLOADS, add_arguments, run, with_defaults
-from bench.router_overhead import ClientJob, process_tree_cpu_s, split_job
+from bench.process_cpu import process_tree_cpu_s
+from bench.router_overhead import ClientJob, split_job
 from bench.stats import RequestTiming, max_rate_meeting, slo_attainment
 from bench.workloads import RequestSpec, mixed_requests, shared_prefix_requests
 from common.detokenizer import IncrementalDetokenizer
