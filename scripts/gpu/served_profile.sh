@@ -25,8 +25,10 @@ done
 until grep -q "serving on" /tmp/logs-prof/decode-0.log 2>/dev/null; do sleep 1; done
 sleep 15
 declare -A names
-for pid in $(pgrep -f "engine.core"); do names[$pid]="core-$(ps -o args= -p "$(ps -o ppid= -p "$pid")" |
-  grep -o "pod-id [a-z]*-[0-9]*" | cut -d' ' -f2)"; done
+for pid in $(pgrep -f "engine.core"); do
+  front=$(ps -o ppid= -p "$pid" | tr -d ' ')
+  names[$pid]="core-$(ps -o args= -p "$front" | grep -o "pod-id [a-z]*-[0-9]*" | cut -d' ' -f2)"
+done
 for pid in $(pgrep -f "m prefill_service"); do names[$pid]="front-prefill"; done
 for pid in $(pgrep -f "m decode_service"); do names[$pid]="front-decode"; done
 worker=$(pgrep -f "router\.worker|-m router" | tail -1)
