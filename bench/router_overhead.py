@@ -203,14 +203,10 @@ class _RouterBench:
             direct_specs = asyncio.run(_tokenized(job.address, direct_specs, direct_texts))
         direct = None
         if job.prefill_addresses:
-            direct = self._run(replace(job, via_router=False, specs=tuple(direct_specs)))
-            row["direct"] = summarize(direct) | {"streams_per_s": len(direct.completed) / direct.duration_s}
-        before = CpuSnapshot.take()
-        routed = self._run(replace(job, specs=tuple(router_specs), texts=texts))
-        after = CpuSnapshot.take()
-        row["router"] = summarize(routed) | {"streams_per_s": len(routed.completed) / routed.duration_s}
-        if routed.completed:
-            row["pod_cpu_ms_per_request"] = pod_cpu_ms_per_request(before, after, pod_pids, len(routed.completed))
+            direct, before, after = self._measured(replace(job, via_router=False, specs=tuple(direct_specs)))
+            row["direct"] = summarize(direct) | self._cpu(direct, before, after, pod_pids)
+        routed, before, after = self._measured(replace(job, specs=tuple(router_specs), texts=texts))
+        row["router"] = summarize(routed) | self._cpu(routed, before, after, pod_pids)
         if router_pid is not None and routed.completed:
             cpu_s = after.tree(router_pid) - before.tree(router_pid)
             row["router_cpu_ms_per_request"] = cpu_s / len(routed.completed) * 1000
@@ -223,6 +219,24 @@ class _RouterBench:
     def _specs(self, num_requests: int, tag: str) -> list[RequestSpec]:
         args = self.args
         return fixed_requests(self.vocab_size, num_requests, args.input_len, args.output_len, f"{args.seed}-w8-{tag}")
+
+    def _measured(self, job: ClientJob) -> tuple[RunResult, CpuSnapshot, CpuSnapshot]:
+        """The run, and the CPU times of every process before and after it."""
+        before = CpuSnapshot.take()
+        result = self._run(job)
+        return result, before, CpuSnapshot.take()
+
+    def _cpu(
+        self, result: RunResult, before: CpuSnapshot, after: CpuSnapshot, pod_pids: Mapping[str, int]
+    ) -> dict[str, Any]:
+        """Streams/s, and the CPU milliseconds per completed request of each pod (front, core) and of the clients."""
+        out: dict[str, Any] = {"streams_per_s": len(result.completed) / result.duration_s}
+        if result.completed:
+            out["pod_cpu_ms_per_request"] = pod_cpu_ms_per_request(before, after, pod_pids, len(result.completed))
+            clients = [p.pid for p in multiprocessing.active_children()] if self.pool else [os.getpid()]
+            cpu_s = sum((after.own(pid) - before.own(pid) for pid in clients if pid is not None), 0.0)
+            out["client_cpu_ms_per_request"] = cpu_s / len(result.completed) * 1000
+        return out
 
     def _run(self, job: ClientJob) -> RunResult:
         if self.pool is None:

@@ -48,11 +48,42 @@ def block_index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
     return index.pin_memory().to(device, non_blocking=True)
 
 
-def block_indexes(block_ids: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`block_index` of each list, with one upload for all of them (a chunk's sources and destinations)."""
-    sizes = [len(ids) for ids in block_ids]
-    flat = block_index([block_id for ids in block_ids for block_id in ids], device)
-    return flat.split(sizes)
+class IndexUploader:
+    """Uploads block ids to one device through a pinned buffer of its own, reused by every call.
+
+    NOTE: `block_index` pins a fresh host tensor per call; a receiver landing hundreds of chunks a second spent more
+    time pinning than copying. Here one buffer serves every chunk: the caller must have waited for the stream that
+    used the last call's tensors (the receivers synchronize their copy stream at the end of each chunk) before it
+    calls again, since the buffers are overwritten.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._host = torch.empty(0, dtype=torch.long)
+        self._device_buffer = torch.empty(0, dtype=torch.long, device=device)
+
+    def upload(self, *block_ids: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """Each list as an int64 index on the device (views of one buffer, valid until the next call), copied on
+        the current stream without waiting for it."""
+        total = sum(len(ids) for ids in block_ids)
+        if self._device.type == "cpu":
+            flat = torch.tensor([block_id for ids in block_ids for block_id in ids], dtype=torch.long)
+        else:
+            if total > self._host.numel():
+                self._host = torch.empty(2 * total, dtype=torch.long, pin_memory=True)
+                self._device_buffer = torch.empty(2 * total, dtype=torch.long, device=self._device)
+            host = self._host.numpy()
+            start = 0
+            for ids in block_ids:
+                host[start : start + len(ids)] = ids
+                start += len(ids)
+            flat = self._device_buffer[:total]
+            flat.copy_(self._host[:total], non_blocking=True)
+        out, start = [], 0
+        for ids in block_ids:
+            out.append(flat[start : start + len(ids)])
+            start += len(ids)
+        return tuple(out)
 
 
 def check_block_ids(block_ids: Sequence[int], num_blocks: int, field: str) -> None:

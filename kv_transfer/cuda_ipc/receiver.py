@@ -16,7 +16,7 @@ from kv_transfer.control.socket_receiver import SocketReceiver
 from kv_transfer.copy_stream import CopyStream, make_copy_stream
 from kv_transfer.cuda_ipc import local_pools
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
-from kv_transfer.pool_io import block_index, block_indexes, pool_words, row_words
+from kv_transfer.pool_io import IndexUploader, pool_words, row_words
 from kv_transfer.state import ProtocolError, TransportError
 
 
@@ -27,6 +27,8 @@ class _GatherLink(ReceiverLink):
         self._source = source
         self._words = words
         self._stream: CopyStream = make_copy_stream(words.device)
+        self._source_ids = IndexUploader(source.device)
+        self._ids = IndexUploader(words.device)
 
     def check(self, head: FrameHead) -> None:
         if head.payload_nbytes or len(head.src_block_ids) != len(head.block_ids):
@@ -41,10 +43,10 @@ class _GatherLink(ReceiverLink):
         self._stream.wait_for_engine()
         with self._stream.activate():
             if self._source.device == self._words.device:
-                src, dst = block_indexes((head.src_block_ids, head.block_ids), self._words.device)
+                src, dst = self._ids.upload(head.src_block_ids, head.block_ids)
             else:
-                src = block_index(head.src_block_ids, self._source.device)
-                dst = block_index(head.block_ids, self._words.device)
+                (src,) = self._source_ids.upload(head.src_block_ids)
+                (dst,) = self._ids.upload(head.block_ids)
             blocks = self._source.index_select(0, src)
             self._words.index_copy_(0, dst, blocks.to(self._words.device))
         self._stream.synchronize()

@@ -46,7 +46,7 @@ for row in json.load(open(sys.argv[1])).get("levels", []):
     for phase in ("direct", "router"):
         r = row.get(phase, {})
         print(phase, r.get("output_tok_per_s"), "tok/s, TTFT p50", r.get("ttft_ms_p50"), "TPOT p50", r.get("tpot_ms_p50"))
-    print("pod CPU ms/request (router phase):", row.get("pod_cpu_ms_per_request"))
+        print(" pods' CPU ms/request:", r.get("pod_cpu_ms_per_request"), "clients':", r.get("client_cpu_ms_per_request"))
     print("router CPU ms/request:", row.get("router_cpu_ms_per_request"))
 PY
 (cd "$OUT" && tar czf profiles.tgz prof w8.log && rm -rf prof w8.log)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kv_transfer.pool_io import HostBlockSink, StagedBlockSink, gather_blocks, pool_bytes, start_gather_to_host
+from kv_transfer.pool_io import (
+    HostBlockSink,
+    IndexUploader,
+    StagedBlockSink,
+    gather_blocks,
+    pool_bytes,
+    start_gather_to_host,
+)
 
 
 def _pool() -> torch.Tensor:
@@ -53,3 +60,15 @@ def test_staged_sink_writes_on_commit_only() -> None:
     write.commit()
     assert torch.equal(pool[[0, 2]], torch.zeros(2, 2, 2, 2, 1, 2))
     assert torch.equal(pool[[1, 3]], before[[1, 3]])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_index_uploader_returns_each_list_and_reuses_its_buffer(device: str) -> None:
+    uploader = IndexUploader(torch.device(device))
+    src, dst = uploader.upload([7, 3, 5], [0, 1])
+    assert src.tolist() == [7, 3, 5] and dst.tolist() == [0, 1]
+    assert src.dtype == torch.long and src.device.type == device
+    (again,) = uploader.upload(list(range(20)))
+    assert again.tolist() == list(range(20))
+    (shorter,) = uploader.upload([])
+    assert shorter.tolist() == []
