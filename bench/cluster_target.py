@@ -92,12 +92,20 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
         return
     with tempfile.TemporaryDirectory(prefix="pdserve-bench-") as workdir:
         config = ClusterConfig(
-            num_prefill=args.num_prefill, num_decode=args.num_decode, port=0, model=model.model,
-            kv_transfer_backend=args.kv_transfer_backend, registry_refresh_s=_REGISTRY_REFRESH_S,
-            pod_args=tuple(pod_flags(args, model)), router_args=tuple(_router_flags(args, model, Path(workdir))),
-            log_dir=args.log_dir, startup_timeout_s=args.startup_timeout_s, show_progress=args.progress,
-            metrics_port=None, gpus=parse_gpus(args.gpus or ""),
-        )  # fmt: skip
+            num_prefill=args.num_prefill,
+            num_decode=args.num_decode,
+            port=0,
+            model=model.model,
+            kv_transfer_backend=args.kv_transfer_backend,
+            registry_refresh_s=_REGISTRY_REFRESH_S,
+            pod_args=tuple(pod_flags(args, model)),
+            router_args=tuple(_router_flags(args, model, Path(workdir))),
+            log_dir=args.log_dir,
+            startup_timeout_s=args.startup_timeout_s,
+            show_progress=args.progress,
+            metrics_port=None,
+            gpus=parse_gpus(args.gpus or ""),
+        )
         cluster = LocalCluster(config)
         with stopping_on_signals(cluster.stop):
             cluster.start()

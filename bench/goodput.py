@@ -80,8 +80,10 @@ def run_w7(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
 
     with serving(args, model) as cluster:
         disaggregated_rows = asyncio.run(disaggregated(cluster.address))
-    systems = {name: _system(rows, plan[name]["gpus"], args.slo_attainment)
-               for name, rows in (("colocated", colocated_rows), ("disaggregated", disaggregated_rows))}  # fmt: skip
+    systems = {
+        name: _system(rows, plan[name]["gpus"], args.slo_attainment)
+        for name, rows in (("colocated", colocated_rows), ("disaggregated", disaggregated_rows))
+    }
     per_gpu = [systems[name]["goodput_req_per_s_per_gpu"] for name in ("disaggregated", "colocated")]
     return {
         "plan": plan,

@@ -54,8 +54,9 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _server_process(upstream_port: int | None, num_messages: int, replies: Queue[Any], marks: Queue[Any],
-                    stop: Event) -> None:  # fmt: skip
+def _server_process(
+    upstream_port: int | None, num_messages: int, replies: Queue[Any], marks: Queue[Any], stop: Event
+) -> None:
     """Serves (the relay when `upstream_port` is given, else the upstream), puts its port on `replies`, then its
     CPU seconds so far each time something arrives on `marks`, until `stop`."""
 
@@ -133,8 +134,10 @@ def measure(num_messages: int, num_calls: int, concurrencies: list[int]) -> list
                 before = server.cpu_s()
                 wall_s = asyncio.run(_run_calls(server.port, concurrency, num_calls, num_messages))
                 per_call_ms = 1e3 * (server.cpu_s() - before) / num_calls
-                lines.append(f"{name}, concurrency {concurrency}: {per_call_ms:.2f} ms CPU per call of "
-                             f"{num_messages} messages, {num_calls / wall_s:.0f} calls/s")  # fmt: skip
+                lines.append(
+                    f"{name}, concurrency {concurrency}: {per_call_ms:.2f} ms CPU per call of "
+                    f"{num_messages} messages, {num_calls / wall_s:.0f} calls/s"
+                )
     finally:
         stop.set()
         relay.stop()

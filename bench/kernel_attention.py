@@ -88,8 +88,10 @@ def sdpa_ms(batch: int, q_len: int, kv_len: int, variants: int, gen: torch.Gener
     """Torch SDPA (flash / cuDNN / efficient; never math) on contiguous K/V of the same sizes; None if none runs."""
     calls = []
     for _ in range(variants):
-        q, k, v = (torch.randn(batch, h, n, D, dtype=DTYPE, device=DEVICE, generator=gen)
-                   for h, n in ((HQ, q_len), (HKV, kv_len), (HKV, kv_len)))  # fmt: skip
+        q, k, v = (
+            torch.randn(batch, h, n, D, dtype=DTYPE, device=DEVICE, generator=gen)
+            for h, n in ((HQ, q_len), (HKV, kv_len), (HKV, kv_len))
+        )
         sdpa = functools.partial(F.scaled_dot_product_attention, is_causal=q_len > 1, scale=SCALE, enable_gqa=True)
         calls.append(functools.partial(sdpa, q, k, v))
     try:
@@ -121,8 +123,14 @@ def bench_decode(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator)
     return rows
 
 
-def decode_kernel_ms(pool: torch.Tensor, requests: list[tuple[int, int]], variants: int, splits: int,
-                     tiles: DecodeTiles, gen: torch.Generator) -> float:  # fmt: skip
+def decode_kernel_ms(
+    pool: torch.Tensor,
+    requests: list[tuple[int, int]],
+    variants: int,
+    splits: int,
+    tiles: DecodeTiles,
+    gen: torch.Generator,
+) -> float:
     """The decode kernel alone (no K/V store) at a forced split count and tile shape."""
     calls = []
     for _ in range(variants):

@@ -151,16 +151,22 @@ def bench_prefill(n: int, k: int) -> dict[str, float]:
     bf16 = [w.to(torch.bfloat16) * s[:, None].to(torch.bfloat16) for w, s in weights[: max(2, copies // 2)]]
     bf16_us = time_graph_us(lambda w: F.linear(x, w), bf16)
     tflop = 2 * PREFILL_ROWS * n * k / 1e12
-    return {"quantize_us": quantize_us, "fp8_linear_us": fp8_us, "fp8_tflop_s": tflop / fp8_us * 1e6,
-            "bf16_us": bf16_us, "bf16_tflop_s": tflop / bf16_us * 1e6}  # fmt: skip
+    return {
+        "quantize_us": quantize_us,
+        "fp8_linear_us": fp8_us,
+        "fp8_tflop_s": tflop / fp8_us * 1e6,
+        "bf16_us": bf16_us,
+        "bf16_tflop_s": tflop / bf16_us * 1e6,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--write-table", action="store_true", help="write the fastest tiles into the kernel's table")
-    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=PROJECTIONS,
-                        help="default: the decoder's projections")  # fmt: skip
+    parser.add_argument(
+        "--shapes", nargs="+", choices=SHAPES, default=PROJECTIONS, help="default: the decoder's projections"
+    )
     args = parser.parse_args()
     limits = measure_limits(torch.bfloat16)
     rows: dict[str, Any] = {}

@@ -20,8 +20,13 @@ from bench.limits import measure_limits
 from engine.layers.triton_gemv import linear
 
 Weight = TypeVar("Weight")
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
-          "lm_head": (151936, 4096)}  # fmt: skip
+SHAPES = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (24576, 4096),
+    "down": (4096, 12288),
+    "lm_head": (151936, 4096),
+}
 
 
 def time_rotating_us(fn: Callable[[Weight], object], weights: Sequence[Weight]) -> float:
@@ -44,8 +49,15 @@ def bench_shape(n: int, k: int) -> dict[str, float]:
     cublas_us = time_rotating_us(lambda w: F.linear(x, w), weights)
     triton_us = time_rotating_us(lambda w: linear(x, w, None), weights)
     gigabytes = n * k * 2 / 1e9
-    return {"n": n, "k": k, "cublas_us": cublas_us, "cublas_tb_s": gigabytes / cublas_us * 1e3,
-            "triton_us": triton_us, "triton_tb_s": gigabytes / triton_us * 1e3, "rel_err": error}  # fmt: skip
+    return {
+        "n": n,
+        "k": k,
+        "cublas_us": cublas_us,
+        "cublas_tb_s": gigabytes / cublas_us * 1e3,
+        "triton_us": triton_us,
+        "triton_tb_s": gigabytes / triton_us * 1e3,
+        "rel_err": error,
+    }
 
 
 def main() -> None:

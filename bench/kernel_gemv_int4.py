@@ -26,8 +26,13 @@ from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
 
 # (N, K): o_proj, down_proj, gate (or up) proj, gate|up fused, q|k|v fused.
-SHAPES = {"4096x4096": (4096, 4096), "4096x12288": (4096, 12288), "12288x4096": (12288, 4096),
-          "24576x4096": (24576, 4096), "6144x4096": (6144, 4096)}  # fmt: skip
+SHAPES = {
+    "4096x4096": (4096, 4096),
+    "4096x12288": (4096, 12288),
+    "12288x4096": (12288, 4096),
+    "24576x4096": (24576, 4096),
+    "6144x4096": (6144, 4096),
+}
 
 
 def packed_weight(n: int, k: int) -> PackedInt4:
@@ -45,8 +50,10 @@ def _int4_call(xs: torch.Tensor, weights: list[PackedInt4], i: int) -> torch.Ten
 
 def bench_shape(n: int, k: int) -> dict[str, float]:
     packed = packed_weight(n, k)
-    weights = [PackedInt4(packed.weight.clone(), packed.scale.clone(), packed.zero.clone(), None)
-               for _ in range(max(2, (400 << 20) // packed_nbytes(packed)))]  # fmt: skip
+    weights = [
+        PackedInt4(packed.weight.clone(), packed.scale.clone(), packed.zero.clone(), None)
+        for _ in range(max(2, (400 << 20) // packed_nbytes(packed)))
+    ]
     dense_weight = dequantize(packed).to(torch.bfloat16)
     dense = [dense_weight.clone() for _ in range(max(2, (400 << 20) // (n * k * 2)))]
     row: dict[str, float] = {"n": n, "k": k}
@@ -55,8 +62,11 @@ def bench_shape(n: int, k: int) -> dict[str, float]:
         reference = xs.double() @ dequantize(weights[0]).double().T
         error = float((int4_linear(xs, weights[0], None).double() - reference).norm() / reference.norm())
         int4_us = time_graph_us(functools.partial(_int4_call, xs, weights), len(weights), 20)
-        row |= {f"int4_m{rows}_us": int4_us, f"int4_m{rows}_gb_s": packed_nbytes(weights[0]) / int4_us / 1e3,
-                f"int4_m{rows}_rel_err": error}  # fmt: skip
+        row |= {
+            f"int4_m{rows}_us": int4_us,
+            f"int4_m{rows}_gb_s": packed_nbytes(weights[0]) / int4_us / 1e3,
+            f"int4_m{rows}_rel_err": error,
+        }
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     dense_bytes = n * k * 2
     for name, fn in (("bf16_cublas", lambda w: F.linear(x, w)), ("bf16_triton", lambda w: linear(x, w, None))):
@@ -73,11 +83,14 @@ def main() -> None:
     limits = measure_limits(torch.bfloat16)
     rows = {name: bench_shape(n, k) for name, (n, k) in SHAPES.items()}
     for name, row in rows.items():
-        print(f"{name}: int4 m1 {row['int4_m1_us']:.1f} us {row['int4_m1_gb_s']:.0f} GB/s "
-              f"(m4 {row['int4_m4_gb_s']:.0f}, m8 {row['int4_m8_gb_s']:.0f}); "
-              f"bf16 triton {row['bf16_triton_us']:.1f} us {row['bf16_triton_gb_s']:.0f} GB/s, "
-              f"cublas {row['bf16_cublas_gb_s']:.0f} GB/s; x{row['int4_speedup_vs_bf16_triton']:.2f}; "
-              f"rel err {row['int4_m1_rel_err']:.1e}", flush=True)  # fmt: skip
+        print(
+            f"{name}: int4 m1 {row['int4_m1_us']:.1f} us {row['int4_m1_gb_s']:.0f} GB/s "
+            f"(m4 {row['int4_m4_gb_s']:.0f}, m8 {row['int4_m8_gb_s']:.0f}); "
+            f"bf16 triton {row['bf16_triton_us']:.1f} us {row['bf16_triton_gb_s']:.0f} GB/s, "
+            f"cublas {row['bf16_cublas_gb_s']:.0f} GB/s; x{row['int4_speedup_vs_bf16_triton']:.2f}; "
+            f"rel err {row['int4_m1_rel_err']:.1e}",
+            flush=True,
+        )
     result = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "shapes": rows}
     print(f"copy bandwidth {limits.copy_bandwidth_gb_s:.0f} GB/s ({limits.device_name})")
     (args.out / "bench_gemv_int4.json").write_text(json.dumps(result, indent=1))

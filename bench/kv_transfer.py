@@ -78,9 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--receiver-device", default=None, help="default: cpu (tcp), cuda:0 (cuda_ipc), cuda:1 (nccl)")
     parser.add_argument(
-        "--tensor-parallel-size", type=int, default=1,
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
         help="ranks of both pods: rank r's pool (1/N of the KV heads) on the devices' index + r, N transfers at once",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sender's bits and of the block ids")
 
 

@@ -31,9 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--model", default=None, help="model folder or alias (real weights)")
     model.add_argument("--model-shape", default=None, help="random bf16 weights of a named shape, e.g. qwen3-8b")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
-                   help="weight quantization (engine's field); with --model-shape, gptq/awq quantize the random "
-                        "weights in memory into that checkpoint layout and load them as a checkpoint")  # fmt: skip
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="auto",
+        help="weight quantization (engine's field); with --model-shape, gptq/awq quantize the random "
+        "weights in memory into that checkpoint layout and load them as a checkpoint",
+    )
     p.add_argument("--quantize-lm-head", action="store_true", help="the lm_head in the quantization too (fp8, int8)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV pool, as the engine's field")
     p.add_argument("--num-prompts", type=int, default=None, help="default: 5 (w1, w2), 256 (w3), 64 (w4)")
@@ -81,12 +85,16 @@ def limit_ratios(engine: LLMEngine, args: argparse.Namespace, summary: dict[str,
         context = (args.input_len or 128) + (args.output_len or 512) // 2
         step_bytes = decode_bytes_per_step(model, kv_per_token, context)
         floor_ms = step_bytes / (limits.copy_bandwidth_gb_s * 1e9) * 1e3
-        out |= {"decode_bytes_per_step": step_bytes, "decode_floor_ms": floor_ms,
-                "tpot_over_floor": summary["tpot_ms_p50"] / floor_ms}  # fmt: skip
+        out |= {
+            "decode_bytes_per_step": step_bytes,
+            "decode_floor_ms": floor_ms,
+            "tpot_over_floor": summary["tpot_ms_p50"] / floor_ms,
+        }
     if args.workload == "w2":
         # NOTE: counted from the layers' shapes, not their parameters: packed int4 weights hold 8 per element.
-        params = sum(m.in_features * m.out_features for n, m in model.named_modules()
-                     if isinstance(m, Linear) and n != "lm_head")  # fmt: skip
+        params = sum(
+            m.in_features * m.out_features for n, m in model.named_modules() if isinstance(m, Linear) and n != "lm_head"
+        )
         flops = prefill_flops(params, arch.num_layers, arch.num_heads, arch.head_dim, args.input_len or 2048)
         out |= {"prefill_tflops": flops / (summary["ttft_ms_p50"] / 1e3) / 1e12}
         out["prefill_mfu"] = out["prefill_tflops"] / limits.matmul_tflops

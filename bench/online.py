@@ -65,47 +65,76 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--address", help="host:port of a running router; default: start a LocalCluster")
     model = cluster.add_mutually_exclusive_group()
     model.add_argument("--model", help="model folder or alias with real weights (default: smollm2-135m)")
-    model.add_argument("--model-shape", help="random weights of a named shape, e.g. qwen3-8b (pods: --load-format "
-                       "dummy; the router gets a synthetic tokenizer unless --tokenizer)")  # fmt: skip
+    model.add_argument(
+        "--model-shape",
+        help="random weights of a named shape, e.g. qwen3-8b (pods: --load-format "
+        "dummy; the router gets a synthetic tokenizer unless --tokenizer)",
+    )
     cluster.add_argument("--tokenizer", help="the router's --tokenizer (default: the model's, else a synthetic one)")
     cluster.add_argument("--num-prefill", type=int, default=1, help="prefill pods (default: 1)")
     cluster.add_argument("--num-decode", type=int, default=1, help="decode pods (default: 1)")
     cluster.add_argument("--kv-transfer-backend", default="tcp", help="tcp, cuda_ipc, nccl, ... (default: tcp)")
-    cluster.add_argument("--pod-arg", action="append", default=[], metavar="FLAGS",
-                         help="flags for every pod and the colocated engine, shell-split; repeatable, e.g. "
-                         "--pod-arg '--num-blocks 4096' --pod-arg=--enforce-eager")  # fmt: skip
-    cluster.add_argument("--colocated-arg", action="append", default=[], metavar="FLAGS",
-                         help="flags of the colocated engine only, after the pods' ('--num-blocks 2048')")  # fmt: skip
+    cluster.add_argument(
+        "--pod-arg",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="flags for every pod and the colocated engine, shell-split; repeatable, e.g. "
+        "--pod-arg '--num-blocks 4096' --pod-arg=--enforce-eager",
+    )
+    cluster.add_argument(
+        "--colocated-arg",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="flags of the colocated engine only, after the pods' ('--num-blocks 2048')",
+    )
     cluster.add_argument("--redis-url", help="with --address: the cluster's Redis, to call pods directly (w8)")
     cluster.add_argument("--router-pid", type=int, help="with --address: the router's pid, for its CPU time (w8)")
-    cluster.add_argument("--gpus", help="GPU ids to spread the LocalCluster's pods over, one per GPU where they fit "
-                         "(prefill pods, then decode pods; as `pdserve up --gpus`); default: the pods inherit "
-                         "CUDA_VISIBLE_DEVICES (all on its first GPU)")  # fmt: skip
-    cluster.add_argument("--cluster-gpus", type=int,
-                         help="GPUs the cluster counts as in per-GPU figures (w7; default: the GPUs the --gpus layout "
-                         "uses, else 1)")  # fmt: skip
-    cluster.add_argument("--dry-run", action="store_true", help="w7: print where each system runs and the GPUs its "
-                         "per-GPU figures divide by; run nothing")  # fmt: skip
+    cluster.add_argument(
+        "--gpus",
+        help="GPU ids to spread the LocalCluster's pods over, one per GPU where they fit "
+        "(prefill pods, then decode pods; as `pdserve up --gpus`); default: the pods inherit "
+        "CUDA_VISIBLE_DEVICES (all on its first GPU)",
+    )
+    cluster.add_argument(
+        "--cluster-gpus",
+        type=int,
+        help="GPUs the cluster counts as in per-GPU figures (w7; default: the GPUs the --gpus layout uses, else 1)",
+    )
+    cluster.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="w7: print where each system runs and the GPUs its per-GPU figures divide by; run nothing",
+    )
     cluster.add_argument("--log-dir", type=Path, help="the cluster's process logs (default: a temp folder)")
     cluster.add_argument("--startup-timeout-s", type=float, default=600.0)
 
 
 def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group(
-        "load", "unset lengths and counts take the workload's defaults: --input-len/--output-len w2online 2048/4, "
+        "load",
+        "unset lengths and counts take the workload's defaults: --input-len/--output-len w2online 2048/4, "
         "w5 200/180 (means), w7 512/64, w8 128/32, w9 100/8 (after --prefix-len); --num-prompts w2online 10, w9 8",
-    )  # fmt: skip
+    )
     load.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals (default: 0)")
     load.add_argument("--input-len", type=int, help="prompt tokens (w5: the mean; w9: the unique suffix)")
     load.add_argument("--output-len", type=int, help="output tokens per request (w5: the mean)")
-    load.add_argument("--num-prompts", type=int,
-                      help="requests per phase (w5, w7: per rate, default rate x --duration-s, at least 10; "
-                      "w8: per concurrency, default 8 x concurrency)")  # fmt: skip
+    load.add_argument(
+        "--num-prompts",
+        type=int,
+        help="requests per phase (w5, w7: per rate, default rate x --duration-s, at least 10; "
+        "w8: per concurrency, default 8 x concurrency)",
+    )
     load.add_argument("--request-rates", help="Poisson rates in req/s, comma-separated (w5, w7; default 2,4,8,16,32)")
     load.add_argument("--duration-s", type=float, default=15.0, help="arrival span per rate (w5, w7; default: 15)")
-    load.add_argument("--stop-at-saturation", action=argparse.BooleanOptionalAction, default=True,
-                      help="end a rate sweep after a rate served at < half its rate (w5) or with SLO attainment "
-                      "< half the target (w7)")  # fmt: skip
+    load.add_argument(
+        "--stop-at-saturation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="end a rate sweep after a rate served at < half its rate (w5) or with SLO attainment "
+        "< half the target (w7)",
+    )
     load.add_argument("--warmup-prompts", type=int, default=4, help="requests sent before measuring (default: 4)")
     load.add_argument("--request-timeout-s", type=float, default=300.0, help="deadline of each request (default: 300)")
     load.add_argument("--concurrency", help="w8: concurrent streams, comma-separated (default: 32,128)")
@@ -115,10 +144,18 @@ def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
         default=4,
         help="w8: connections each client process opens to the router, used in turn (default: 4)",
     )
-    load.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
-                      help="w8: client processes sharing the streams (default: cores / 4, at most 4)")  # fmt: skip
-    load.add_argument("--prompt-format", choices=("text", "token_ids"), default="text",
-                      help="w8: prompts as text (the router tokenizes them) or token ids (default: text)")  # fmt: skip
+    load.add_argument(
+        "--client-procs",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="w8: client processes sharing the streams (default: cores / 4, at most 4)",
+    )
+    load.add_argument(
+        "--prompt-format",
+        choices=("text", "token_ids"),
+        default="text",
+        help="w8: prompts as text (the router tokenizes them) or token ids (default: text)",
+    )
     load.add_argument("--prefix-len", type=int, default=2048, help="w9: shared system prompt tokens (default: 2048)")
 
 

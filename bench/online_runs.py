@@ -148,9 +148,13 @@ def run_w9(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
             total_len = args.prefix_len + args.input_len
             await warm_up(args, target.generate, info.vocab_size, total_len)
             shared = shared_prefix_requests(
-                info.vocab_size, args.num_prompts + 1, args.prefix_len, args.input_len, args.output_len,
+                info.vocab_size,
+                args.num_prompts + 1,
+                args.prefix_len,
+                args.input_len,
+                args.output_len,
                 f"{args.seed}-w9-shared",
-            )  # fmt: skip
+            )
             distinct = fixed_requests(info.vocab_size, args.num_prompts, total_len, args.output_len, f"{args.seed}-w9")
             shared_run = await _sequential(args, "w9-shared", target.generate, shared)
             distinct_run = await _sequential(args, "w9-distinct", target.generate, distinct)

@@ -70,13 +70,19 @@ async def _run_client(job: ClientJob) -> RunResult:
             texts = job.texts
             return await run_closed_loop(
                 lambda i: router.generate(job.specs[i], f"{job.id_prefix}-{i}", texts[i] if texts else None),
-                len(job.specs), job.concurrency, desc, job.show_progress,
-            )  # fmt: skip
+                len(job.specs),
+                job.concurrency,
+                desc,
+                job.show_progress,
+            )
     async with PodDirectTarget(job.prefill_addresses, job.decode_addresses, job.timeout_s) as pods:
         return await run_closed_loop(
             lambda i: pods.generate(job.specs[i], f"{job.id_prefix}-{i}"),
-            len(job.specs), job.concurrency, desc, job.show_progress,
-        )  # fmt: skip
+            len(job.specs),
+            job.concurrency,
+            desc,
+            job.show_progress,
+        )
 
 
 def split_job(job: ClientJob, num_procs: int) -> list[ClientJob]:
@@ -182,9 +188,11 @@ class _RouterBench:
         """Warm both paths, and start the client processes before anything is measured."""
         num_requests = max(self.args.warmup_prompts, self.args.client_procs)
         job = replace(
-            self.base, specs=tuple(self._specs(num_requests, "warmup")), concurrency=num_requests,
+            self.base,
+            specs=tuple(self._specs(num_requests, "warmup")),
+            concurrency=num_requests,
             id_prefix=f"{self.base.id_prefix}-warmup",
-        )  # fmt: skip
+        )
         self._run(job)
         if job.prefill_addresses:
             self._run(replace(job, via_router=False, id_prefix=f"{job.id_prefix}-direct"))

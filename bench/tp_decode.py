@@ -38,17 +38,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-blocks", type=int, default=1024)
     args = parser.parse_args(argv)
     config = engine_config(
-        f"shape:{args.model_shape}", load_format="dummy", dtype="bfloat16", num_blocks=args.num_blocks,
-        max_num_seqs=8, tensor_parallel_size=args.tensor_parallel_size,
-    )  # fmt: skip
+        f"shape:{args.model_shape}",
+        load_format="dummy",
+        dtype="bfloat16",
+        num_blocks=args.num_blocks,
+        max_num_seqs=8,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
     engine = LLMEngine(config)
     measure_tpot(engine, args.input_len, 16, "warmup")
     gaps = measure_tpot(engine, args.input_len, args.output_len, "timed")
-    print(json.dumps({
-        "model_shape": args.model_shape, "tensor_parallel_size": args.tensor_parallel_size,
-        "tpot_ms_median": 1e3 * statistics.median(gaps), "tpot_ms_mean": 1e3 * statistics.fmean(gaps),
-        "num_tokens": len(gaps) + 1,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "model_shape": args.model_shape,
+                "tensor_parallel_size": args.tensor_parallel_size,
+                "tpot_ms_median": 1e3 * statistics.median(gaps),
+                "tpot_ms_mean": 1e3 * statistics.fmean(gaps),
+                "num_tokens": len(gaps) + 1,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

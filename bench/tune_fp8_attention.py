@@ -29,8 +29,9 @@ TILES = [DecodeTiles(n, w, s) for n, w, s in itertools.product((64, 128, 256), (
 PROGRAMS_PER_SM = (1, 2, 3, 4, 6, 8)
 
 
-def time_launch(pool: torch.Tensor, context: int, tiles: DecodeTiles, programs_per_sm: int, num_sms: int,
-                gen: torch.Generator) -> dict[str, Any]:  # fmt: skip
+def time_launch(
+    pool: torch.Tensor, context: int, tiles: DecodeTiles, programs_per_sm: int, num_sms: int, gen: torch.Generator
+) -> dict[str, Any]:
     """One setting at batch 64 and this context: its split count, time and KV bytes per second."""
     splits = num_kv_splits(BATCH * HKV, context, num_sms, programs_per_sm)
     name = f"b={BATCH} ctx={context} {tiles} programs_per_sm={programs_per_sm} splits={splits}"
@@ -43,8 +44,12 @@ def write_table(best: dict[str, Any]) -> dict[str, Any]:
     """The winner as the fp8 entry of the decode table (entries of other dtypes kept)."""
     table = json.loads(TABLE_PATH.read_text()) if TABLE_PATH.exists() else {}
     tiles = best["tiles"]
-    table["float8_e4m3fn"] = {"block_n": tiles.block_n, "num_warps": tiles.num_warps,
-                              "num_stages": tiles.num_stages, "programs_per_sm": best["programs_per_sm"]}  # fmt: skip
+    table["float8_e4m3fn"] = {
+        "block_n": tiles.block_n,
+        "num_warps": tiles.num_warps,
+        "num_stages": tiles.num_stages,
+        "programs_per_sm": best["programs_per_sm"],
+    }
     TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
     return table
 
@@ -63,9 +68,15 @@ def main() -> None:
     best = min(timed, key=lambda row: row["us"])
     table = write_table(best)
     checks = [time_launch(pool, c, best["tiles"], best["programs_per_sm"], num_sms, gen) for c in (1024, 8192)]
-    result = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "table": table,
-              "best": best["name"], "best_pct_of_copy": 100 * best["gb_s"] / limits.copy_bandwidth_gb_s,
-              "checks": checks, "sweep": rows}  # fmt: skip
+    result = {
+        "device": limits.device_name,
+        "copy_gb_s": limits.copy_bandwidth_gb_s,
+        "table": table,
+        "best": best["name"],
+        "best_pct_of_copy": 100 * best["gb_s"] / limits.copy_bandwidth_gb_s,
+        "checks": checks,
+        "sweep": rows,
+    }
     (args.out / "tune_fp8_attention.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"best {best['name']}: {best['gb_s']:.0f} GB/s = {result['best_pct_of_copy']:.0f}% of copy", flush=True)
 

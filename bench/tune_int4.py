@@ -41,8 +41,21 @@ ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2
 # NOTE: (BLOCK_N, GROUPS, num_warps). 16 words per thread ((16, 8, 4), (32, 4, 4)): the fewest HALF2 instructions
 # per weight in the sm90 SASS (2.9 and 3.4, against 3.6-3.9 at 8 words), but with shared-memory layout conversions.
-GEMV_TILES = [(4, 8, 4), (8, 2, 4), (8, 4, 4), (8, 8, 8), (16, 2, 4), (16, 4, 4), (16, 4, 8), (16, 8, 8),
-              (32, 2, 4), (32, 4, 8), (64, 2, 8), (16, 8, 4), (32, 4, 4)]  # fmt: skip
+GEMV_TILES = [
+    (4, 8, 4),
+    (8, 2, 4),
+    (8, 4, 4),
+    (8, 8, 8),
+    (16, 2, 4),
+    (16, 4, 4),
+    (16, 4, 8),
+    (16, 8, 8),
+    (32, 2, 4),
+    (32, 4, 8),
+    (64, 2, 8),
+    (16, 8, 4),
+    (32, 4, 4),
+]
 PDL_TRIES = 3
 """At 1 row, the fastest GEMV configs are timed again as programmatic dependent launches (PDL)."""
 FLOAT_GEMV_TILES = [(8, 4, 4), (8, 8, 8)]
@@ -61,11 +74,20 @@ GEMV += [_gemv(*tile, s, 0) for tile in FLOAT_GEMV_TILES for s in (1, 2)]
 GEMM_TILES = {
     "small": [(16, 32, 1, 4, 3), (16, 64, 1, 4, 3), (16, 64, 2, 4, 3), (16, 128, 1, 4, 3), (16, 128, 1, 8, 4)],
     "mid": [(32, 64, 1, 4, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (64, 64, 2, 4, 3), (64, 128, 1, 8, 4)],
-    "large": [(128, 128, 1, 8, 3), (128, 128, 1, 4, 3), (128, 256, 1, 8, 3), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4),
-              (128, 128, 2, 8, 2), (64, 256, 1, 8, 3)],
-}  # fmt: skip
-DEQUANT = [Int4Config("dequant", {"BLOCK_N": bn, "GROUPS": g, "num_warps": 4, "num_stages": 1})
-           for bn, g in ((16, 4), (32, 2), (8, 8), (64, 1))]  # fmt: skip
+    "large": [
+        (128, 128, 1, 8, 3),
+        (128, 128, 1, 4, 3),
+        (128, 256, 1, 8, 3),
+        (64, 128, 1, 4, 4),
+        (128, 64, 1, 4, 4),
+        (128, 128, 2, 8, 2),
+        (64, 256, 1, 8, 3),
+    ],
+}
+DEQUANT = [
+    Int4Config("dequant", {"BLOCK_N": bn, "GROUPS": g, "num_warps": 4, "num_stages": 1})
+    for bn, g in ((16, 4), (32, 2), (8, 8), (64, 1))
+]
 
 
 def with_pdl(ranked: list[tuple[float, Int4Config]]) -> list[Int4Config]:
@@ -94,8 +116,9 @@ class ShapeSweep:
         first = packed_weight(n, k)
         self.nbytes = packed_nbytes(first)
         copies = min(32, max(2, -(-ROTATE_BYTES // self.nbytes)))
-        self.weights = [first] + [PackedInt4(first.weight.clone(), first.scale.clone(), first.zero.clone(), None)
-                                  for _ in range(copies - 1)]  # fmt: skip
+        self.weights = [first] + [
+            PackedInt4(first.weight.clone(), first.scale.clone(), first.zero.clone(), None) for _ in range(copies - 1)
+        ]
         self.reference = dequantize(first)
 
     def time(self, config: Int4Config, rows: int) -> float | None:
@@ -123,8 +146,9 @@ class ShapeSweep:
         copies = [dense] + [dense.clone() for _ in range(max(1, ROTATE_BYTES // dense.nbytes))]
         x = torch.randn(rows, self.k, dtype=torch.bfloat16, device="cuda")
         replays = 3 if rows >= 256 else 20
-        return time_graph_us(lambda i: linear(x, copies[i], None) if rows == 1 else F.linear(x, copies[i]),
-                             len(copies), replays)  # fmt: skip
+        return time_graph_us(
+            lambda i: linear(x, copies[i], None) if rows == 1 else F.linear(x, copies[i]), len(copies), replays
+        )
 
 
 def _figure(sweep: ShapeSweep, rows: int, us: float) -> str:
@@ -134,9 +158,12 @@ def _figure(sweep: ShapeSweep, rows: int, us: float) -> str:
 
 
 def tune(
-    budget_s: float, write: Callable[[dict[str, object], dict[str, object]], None], buckets: list[int],
-    entries: dict[str, object], timings: dict[str, object],
-) -> None:  # fmt: skip
+    budget_s: float,
+    write: Callable[[dict[str, object], dict[str, object]], None],
+    buckets: list[int],
+    entries: dict[str, object],
+    timings: dict[str, object],
+) -> None:
     """Times the candidates of every entry of `buckets` into `entries` and `timings` (replacing what they held);
     `write(entries, timings)` after each entry (a timeout leaves a table)."""
     started = time.monotonic()
@@ -182,8 +209,12 @@ def main() -> None:
     print(f"copy bandwidth {limits.copy_bandwidth_gb_s:.0f} GB/s ({limits.device_name})", flush=True)
 
     def write(entries: dict[str, object], timings: dict[str, object]) -> None:
-        table = {"device": limits.device_name, "copy_gb_s": limits.copy_bandwidth_gb_s, "entries": entries,
-                 "timings": timings}  # fmt: skip
+        table = {
+            "device": limits.device_name,
+            "copy_gb_s": limits.copy_bandwidth_gb_s,
+            "entries": entries,
+            "timings": timings,
+        }
         args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
     tune(args.budget_s, write, buckets, dict(committed.get("entries", {})), dict(committed.get("timings", {})))

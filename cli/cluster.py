@@ -53,8 +53,9 @@ class LocalCluster:
         self.redis: RedisServer | None = None
         if not config.redis_url:
             secure = config.credentials
-            self.redis = RedisServer() if secure is None else RedisServer(password=secure.redis_password,
-                                                                           tls=secure.redis_tls())  # fmt: skip
+            self.redis = (
+                RedisServer() if secure is None else RedisServer(password=secure.redis_password, tls=secure.redis_tls())
+            )
         self.router: ServiceProcess | None = None
         self.pods: dict[str, ServiceProcess] = {}
         """Running pods by pod id, in start order."""
@@ -220,9 +221,18 @@ class LocalCluster:
         self._next_index[role] += 1
         port = free_port()
         args = [
-            "--host", self.config.host, "--port", str(port), *self._redis_args(), "--pod-id", pod_id,
-            "--model", self.config.model, "--kv-transfer-backend", self.config.kv_transfer_backend,
-        ]  # fmt: skip
+            "--host",
+            self.config.host,
+            "--port",
+            str(port),
+            *self._redis_args(),
+            "--pod-id",
+            pod_id,
+            "--model",
+            self.config.model,
+            "--kv-transfer-backend",
+            self.config.kv_transfer_backend,
+        ]
         user_args = [*self.config.pod_args, *extra_args]
         devices = self.config.pod_visible_devices(self._num_pods_spawned)
         self._num_pods_spawned += 1
@@ -232,10 +242,18 @@ class LocalCluster:
 
     def _spawn_router(self) -> ServiceProcess:
         args = [
-            "--host", self.config.host, "--port", str(self._router_port), *self._redis_args(),
-            "--model", self.config.model, "--registry-refresh-s", str(self.config.registry_refresh_s),
-            "--http-port", str(self.config.http_port),
-        ]  # fmt: skip
+            "--host",
+            self.config.host,
+            "--port",
+            str(self._router_port),
+            *self._redis_args(),
+            "--model",
+            self.config.model,
+            "--registry-refresh-s",
+            str(self.config.registry_refresh_s),
+            "--http-port",
+            str(self.config.http_port),
+        ]
         if self.config.router_workers is not None:
             args += ["--workers", str(self.config.router_workers)]
         return self._spawn("router", "router", self._router_port, args, self.config.router_args, first=True)
@@ -269,11 +287,21 @@ class LocalCluster:
             # NOTE: nvidia-smi's numbering (where the default ids come from), unless the caller chose an order.
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         process = ServiceProcess(
-            name, argv, address, self.log_dir / f"{name}.log", env, metrics_url,
+            name,
+            argv,
+            address,
+            self.log_dir / f"{name}.log",
+            env,
+            metrics_url,
             None if self.config.credentials is None else self.config.credentials.channel_security(role),
-        )  # fmt: skip
-        logger.info("started %s (pid %d%s), logging to %s", name, process.pid,
-                    f", CUDA_VISIBLE_DEVICES={devices}" if devices else "", process.log_path)  # fmt: skip
+        )
+        logger.info(
+            "started %s (pid %d%s), logging to %s",
+            name,
+            process.pid,
+            f", CUDA_VISIBLE_DEVICES={devices}" if devices else "",
+            process.log_path,
+        )
         return process
 
     def _stop_processes(self, processes: Sequence[ServiceProcess]) -> None:

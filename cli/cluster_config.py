@@ -147,8 +147,13 @@ def visible_gpus(environ: Mapping[str, str], nvidia_smi: str | None = None) -> t
     if command is None:
         return ()
     try:
-        listing = subprocess.run([command, "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30, check=True).stdout  # fmt: skip
+        listing = subprocess.run(
+            [command, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
     return tuple(line.strip() for line in listing.splitlines() if line.strip())

@@ -80,9 +80,13 @@ class ClusterCredentials:
     def process_env(self) -> dict[str, str]:
         """The variables that turn on bearer tokens, TLS and mTLS in the router and the pods."""
         fields = {
-            "tls_cert": self.cert("public"), "tls_key": self.key("public"), "auth_tokens_file": self.tokens_file,
-            "mtls_ca": self.ca, "mtls_cert": self.cert("internal"), "mtls_key": self.key("internal"),
-        }  # fmt: skip
+            "tls_cert": self.cert("public"),
+            "tls_key": self.key("public"),
+            "auth_tokens_file": self.tokens_file,
+            "mtls_ca": self.ca,
+            "mtls_cert": self.cert("internal"),
+            "mtls_key": self.key("internal"),
+        }
         return {env_name(name): str(path) for name, path in fields.items()}
 
     def cluster_tls(self) -> ClusterTLSConfig:
@@ -102,13 +106,21 @@ class ClusterCredentials:
 
 def add_credentials_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`pdserve credentials DIR`."""
-    parser = commands.add_parser("credentials", help="write a throwaway CA, certificates, token and Redis password",
-                                 description="Write ca.pem, public.pem/.key (the router's port), internal.pem/.key "
-                                 "(router, pods, Redis: mTLS), tokens and redis-password into FOLDER, for "
-                                 "deploy/compose.secure.yml or the Kubernetes secure overlay.")  # fmt: skip
+    parser = commands.add_parser(
+        "credentials",
+        help="write a throwaway CA, certificates, token and Redis password",
+        description="Write ca.pem, public.pem/.key (the router's port), internal.pem/.key "
+        "(router, pods, Redis: mTLS), tokens and redis-password into FOLDER, for "
+        "deploy/compose.secure.yml or the Kubernetes secure overlay.",
+    )
     parser.add_argument("folder", type=Path, help="where to write them (made if missing)")
-    parser.add_argument("--public-name", action="append", default=[], metavar="DNS",
-                        help="another DNS name clients reach the router by (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--public-name",
+        action="append",
+        default=[],
+        metavar="DNS",
+        help="another DNS name clients reach the router by (repeatable)",
+    )
     parser.set_defaults(func=_write_credentials)
 
 
@@ -120,9 +132,23 @@ def _write_credentials(args: argparse.Namespace, extra: list[str]) -> int:
 
 def make_ca(folder: Path, name: str = "ca") -> None:
     """A self-signed CA `<name>.pem` / `<name>.key` in `folder`."""
-    _openssl("req", "-x509", *_KEY_ARGS, "-keyout", folder / f"{name}.key", "-out", folder / f"{name}.pem",
-             "-days", str(VALID_DAYS), "-subj", f"/CN=pdserve {name}", "-addext",
-             "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        *_KEY_ARGS,
+        "-keyout",
+        folder / f"{name}.key",
+        "-out",
+        folder / f"{name}.pem",
+        "-days",
+        str(VALID_DAYS),
+        "-subj",
+        f"/CN=pdserve {name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     os.chmod(folder / f"{name}.key", 0o600)
 
 
@@ -134,8 +160,23 @@ def make_leaf(folder: Path, name: str, alt_names: list[str], ca: str = "ca") -> 
         "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n"
     )
     _openssl("req", *_KEY_ARGS, "-keyout", folder / f"{name}.key", "-out", csr, "-subj", f"/CN=pdserve {name}")
-    _openssl("x509", "-req", "-in", csr, "-CA", folder / f"{ca}.pem", "-CAkey", folder / f"{ca}.key", "-CAcreateserial",
-             "-out", folder / f"{name}.pem", "-days", str(VALID_DAYS), "-extfile", extensions)  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        folder / f"{ca}.pem",
+        "-CAkey",
+        folder / f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        folder / f"{name}.pem",
+        "-days",
+        str(VALID_DAYS),
+        "-extfile",
+        extensions,
+    )
     os.chmod(folder / f"{name}.key", 0o600)
     csr.unlink()
     extensions.unlink()

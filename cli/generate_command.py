@@ -33,8 +33,11 @@ def add_generate_parser(commands: Commands) -> None:
     gen.add_argument("--seed", type=int, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
     gen.add_argument("--timeout-s", type=float, help="deadline of the whole request")
-    gen.add_argument("--token", default=os.environ.get(TOKEN_VARIABLE),
-                     help=f"bearer token of a router with auth on (default: env {TOKEN_VARIABLE})")  # fmt: skip
+    gen.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_VARIABLE),
+        help=f"bearer token of a router with auth on (default: env {TOKEN_VARIABLE})",
+    )
     gen.add_argument("--tls-ca", help="dial the router over TLS, verifying it against this PEM CA")
     gen.set_defaults(func=_generate)
 
@@ -42,16 +45,23 @@ def add_generate_parser(commands: Commands) -> None:
 def _generate(args: argparse.Namespace, extra: list[str]) -> int:
     sampling = {
         name: value
-        for name, value in (("max_tokens", args.max_tokens), ("temperature", args.temperature), ("top_p", args.top_p),
-                            ("top_k", args.top_k), ("seed", args.seed), ("stop", args.stop))
+        for name, value in (
+            ("max_tokens", args.max_tokens),
+            ("temperature", args.temperature),
+            ("top_p", args.top_p),
+            ("top_k", args.top_k),
+            ("seed", args.seed),
+            ("stop", args.stop),
+        )
         if value is not None
-    }  # fmt: skip
+    }
     prompt = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
     last: generation_pb2.GenerateResponse | None = None
     try:
         security = client_security(args.tls_ca)
-        for response in generate(args.address, timeout_s=args.timeout_s, token=args.token, security=security,
-                                 **prompt, **sampling):  # fmt: skip
+        for response in generate(
+            args.address, timeout_s=args.timeout_s, token=args.token, security=security, **prompt, **sampling
+        ):
             sys.stdout.write(response.text)
             sys.stdout.flush()
             last = response
@@ -75,10 +85,14 @@ def _summary(last: generation_pb2.GenerateResponse) -> str:
     """One line: finish reason, usage, and where and how fast the router served the request."""
     finish = sampling_pb2.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower()
     usage, metrics = last.usage, last.metrics
-    line = (f"[finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens} "
-            f"cached_prompt_tokens={usage.cached_prompt_tokens}")  # fmt: skip
+    line = (
+        f"[finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens} "
+        f"cached_prompt_tokens={usage.cached_prompt_tokens}"
+    )
     if last.HasField("metrics"):
-        line += (f" prefill_pod={metrics.prefill_pod_id} decode_pod={metrics.decode_pod_id or '-'} "
-                 f"kv_transfer_bytes={metrics.kv_transfer_bytes} "
-                 f"ttft_ms={metrics.time_to_first_token.ToMilliseconds()}")  # fmt: skip
+        line += (
+            f" prefill_pod={metrics.prefill_pod_id} decode_pod={metrics.decode_pod_id or '-'} "
+            f"kv_transfer_bytes={metrics.kv_transfer_bytes} "
+            f"ttft_ms={metrics.time_to_first_token.ToMilliseconds()}"
+        )
     return line + "]"

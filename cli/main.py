@@ -58,8 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdserve", description="Disaggregated LLM serving: router, prefill and "
-                                     "decode pods over gRPC, with a Redis prefix directory.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="pdserve",
+        description="Disaggregated LLM serving: router, prefill and "
+        "decode pods over gRPC, with a Redis prefix directory.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_up_parser(commands)
     autoscale.add_autoscale_parser(commands)
@@ -73,18 +76,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_health(commands: Commands) -> None:
-    health = commands.add_parser("health", help="exit 0 if a server's grpc.health.v1 says SERVING (for probes)",
-                                 description="One grpc.health.v1 Check: exit 0 on SERVING; otherwise print why "
-                                 "(NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN, UNREACHABLE) and exit 1.")  # fmt: skip
+    health = commands.add_parser(
+        "health",
+        help="exit 0 if a server's grpc.health.v1 says SERVING (for probes)",
+        description="One grpc.health.v1 Check: exit 0 on SERVING; otherwise print why "
+        "(NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN, UNREACHABLE) and exit 1.",
+    )
     health.add_argument("address", help="host:port of the router or of a pod")
     health.add_argument("--service", default="", help='the service to ask about (default: "", the whole server)')
-    health.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"give up (UNREACHABLE) after this long (default: {DEFAULT_TIMEOUT_S})")  # fmt: skip
+    health.add_argument(
+        "--timeout-s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"give up (UNREACHABLE) after this long (default: {DEFAULT_TIMEOUT_S})",
+    )
     health.add_argument("--tls-ca", help="dial over TLS, verifying the server against this PEM CA")
     health.add_argument("--tls-cert", help="client certificate (a pod with mTLS on: one its cluster CA signed)")
     health.add_argument("--tls-key", help="private key of --tls-cert")
-    health.add_argument("--token", default=os.environ.get(TOKEN_VARIABLE),
-                        help=f"bearer token, if health needs one (default: env {TOKEN_VARIABLE})")  # fmt: skip
+    health.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_VARIABLE),
+        help=f"bearer token, if health needs one (default: env {TOKEN_VARIABLE})",
+    )
     health.set_defaults(func=_health)
 
 

@@ -184,8 +184,14 @@ class RedisServer:
         lines = [f"port {self._port}"]
         if self._tls is not None:
             tls = self._tls
-            lines = ["port 0", f"tls-port {self._port}", f"tls-cert-file {tls.cert}", f"tls-key-file {tls.key}",
-                     f"tls-ca-cert-file {tls.ca}", "tls-auth-clients no"]  # fmt: skip
+            lines = [
+                "port 0",
+                f"tls-port {self._port}",
+                f"tls-cert-file {tls.cert}",
+                f"tls-key-file {tls.key}",
+                f"tls-ca-cert-file {tls.ca}",
+                "tls-auth-clients no",
+            ]
         if self._password:
             lines.append(f"requirepass {self._password}")
         path = workdir / "redis.conf"

@@ -53,9 +53,13 @@ class ServiceProcess:
             # NOTE: a session of its own, so a Ctrl-C in the terminal reaches only the CLI, which then
             # stops the children in order (router first, Redis last) instead of all at once.
             self._popen: subprocess.Popen[bytes] = popen_child(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
     @property
     def pid(self) -> int:
@@ -91,8 +95,10 @@ class ServiceProcess:
         try:
             while not health.done():
                 if self.returncode is not None:
-                    raise ClusterError(f"{self.name} exited with code {self.returncode} while starting; "
-                                       f"log tail ({self.log_path}):\n{self.log_tail()}")  # fmt: skip
+                    raise ClusterError(
+                        f"{self.name} exited with code {self.returncode} while starting; "
+                        f"log tail ({self.log_path}):\n{self.log_tail()}"
+                    )
                 await asyncio.wait([health], timeout=POLL_S)
             health.result()
         except TimeoutError as exc:

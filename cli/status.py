@@ -77,13 +77,20 @@ def to_json(status: ClusterStatus) -> str:
     """`{"pods": [...], "routers": [{"address", "state"}]}`; each pod's keys are fixed (scripts read them)."""
     pods = [
         {
-            "pod_id": pod.pod_id, "role": pod.role, "address": pod.address, "state": pod_state(pod),
-            "num_running": pod.num_running, "num_waiting": pod.num_waiting, "num_free_blocks": pod.num_free_blocks,
-            "num_total_blocks": pod.num_total_blocks, "kv_usage": kv_usage(pod), "generation": pod.generation,
+            "pod_id": pod.pod_id,
+            "role": pod.role,
+            "address": pod.address,
+            "state": pod_state(pod),
+            "num_running": pod.num_running,
+            "num_waiting": pod.num_waiting,
+            "num_free_blocks": pod.num_free_blocks,
+            "num_total_blocks": pod.num_total_blocks,
+            "kv_usage": kv_usage(pod),
+            "generation": pod.generation,
             "model": pod.model,
         }
         for pod in status.pods
-    ]  # fmt: skip
+    ]
     routers = [{"address": router.address, "state": router.state} for router in status.routers]
     return json.dumps({"pods": pods, "routers": routers}, indent=2)
 
@@ -103,9 +110,15 @@ def to_table(status: ClusterStatus) -> str:
 def _pod_row(pod: PodInfo) -> tuple[str, ...]:
     usage = kv_usage(pod)
     return (
-        pod.pod_id, pod.role, pod_state(pod), pod.address, str(pod.num_running), str(pod.num_waiting),
-        f"{pod.num_free_blocks}/{pod.num_total_blocks}", "-" if usage is None else f"{usage:.1%}",
-    )  # fmt: skip
+        pod.pod_id,
+        pod.role,
+        pod_state(pod),
+        pod.address,
+        str(pod.num_running),
+        str(pod.num_waiting),
+        f"{pod.num_free_blocks}/{pod.num_total_blocks}",
+        "-" if usage is None else f"{usage:.1%}",
+    )
 
 
 def _aligned(rows: Sequence[Sequence[str]], right_aligned: frozenset[int]) -> list[str]:

@@ -39,15 +39,20 @@ _WATCH_INTERVAL_S = 0.5
 
 
 def add_up_parser(commands: Commands) -> None:
-    up = commands.add_parser("up", allow_abbrev=False, help="run Redis, the pods and the router locally",
-                             description="Run a local cluster until Ctrl-C. Flags not listed here go to every "
-                             "pod (engine flags such as --num-blocks, --max-num-seqs, --heartbeat-s).")  # fmt: skip
+    up = commands.add_parser(
+        "up",
+        allow_abbrev=False,
+        help="run Redis, the pods and the router locally",
+        description="Run a local cluster until Ctrl-C. Flags not listed here go to every "
+        "pod (engine flags such as --num-blocks, --max-num-seqs, --heartbeat-s).",
+    )
     up.add_argument("--prefill", type=int, default=1, help="number of prefill pods (default: 1)")
     up.add_argument("--decode", type=int, default=1, help="number of decode pods (default: 1)")
     up.add_argument("--host", default="127.0.0.1", help="interface every process binds (default: 127.0.0.1)")
     up.add_argument("--port", type=int, default=50051, help="the router's port (default: 50051)")
-    up.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP API; 0: off "
-                    "(default: 8000)")  # fmt: skip
+    up.add_argument(
+        "--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP API; 0: off (default: 8000)"
+    )
     up.add_argument(
         "--router-workers",
         type=int,
@@ -60,18 +65,28 @@ def add_up_parser(commands: Commands) -> None:
     up.add_argument("--registry-refresh-s", type=float, default=1.0, help="router's pod discovery period")
     up.add_argument("--log-dir", type=Path, help="folder of the processes' logs (default: a new temp folder)")
     up.add_argument("--startup-timeout-s", type=float, default=600.0, help="give up if not serving by then")
-    up.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                    help=f"/metrics of the router; the first prefill and decode pods take the next two ports, "
-                    f"further pods free ones; 0: free ports for all, {_NO_METRICS}: none (default: "
-                    f"{DEFAULT_METRICS_PORT})")  # fmt: skip
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"/metrics of the router; the first prefill and decode pods take the next two ports, "
+        f"further pods free ones; 0: free ports for all, {_NO_METRICS}: none (default: "
+        f"{DEFAULT_METRICS_PORT})",
+    )
     up.add_argument("--otlp-endpoint", help="OTLP collector for every process's traces (default: tracing off)")
-    up.add_argument("--gpus", help="GPU ids to spread the pods over, comma-separated: one GPU per pod where they "
-                    "fit (prefill pods, then decode pods, round-robin), as each pod's CUDA_VISIBLE_DEVICES; 'none': "
-                    "leave it as is (default: every visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi; none on a "
-                    "CPU host)")  # fmt: skip
-    up.add_argument("--secure", action="store_true",
-                    help="bearer tokens + TLS on the router, mTLS router->pods and on KV sockets, Redis password + "
-                    "TLS: throwaway CA, certificates and token made in --secure-dir (default: off)")  # fmt: skip
+    up.add_argument(
+        "--gpus",
+        help="GPU ids to spread the pods over, comma-separated: one GPU per pod where they "
+        "fit (prefill pods, then decode pods, round-robin), as each pod's CUDA_VISIBLE_DEVICES; 'none': "
+        "leave it as is (default: every visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi; none on a "
+        "CPU host)",
+    )
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="bearer tokens + TLS on the router, mTLS router->pods and on KV sockets, Redis password + "
+        "TLS: throwaway CA, certificates and token made in --secure-dir (default: off)",
+    )
     up.add_argument("--secure-dir", type=Path, help="where --secure writes them (default: <log dir>/secure)")
     autoscale.add_up_flags(up)
     up.set_defaults(func=_up)
@@ -133,17 +148,22 @@ def _announce(
     """Print where everything of the started cluster is, and start its autoscaler, if asked."""
     from cli.autoscaler.run import start_for_cluster
 
-    print(f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
-          f"logs in {cluster.log_dir}); Ctrl-C stops everything", flush=True)  # fmt: skip
+    print(
+        f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "
+        f"logs in {cluster.log_dir}); Ctrl-C stops everything",
+        flush=True,
+    )
     for name, url in cluster.metrics_urls.items():
         print(f"  {name} metrics: {url}", flush=True)
     if cluster.http_url is not None:
         print(f"  OpenAI-compatible HTTP API: {cluster.http_url}/v1", flush=True)
     if config.credentials is not None:
         folder = config.credentials.folder
-        print(f"  secure: TLS (CA {folder / 'ca.pem'}), bearer token in {folder / 'tokens'}, mTLS inside; "
-              f"pdserve generate --tls-ca {folder / 'ca.pem'} --token \"$(cat {folder / 'tokens'})\" ...",
-              flush=True)  # fmt: skip
+        print(
+            f"  secure: TLS (CA {folder / 'ca.pem'}), bearer token in {folder / 'tokens'}, mTLS inside; "
+            f'pdserve generate --tls-ca {folder / "ca.pem"} --token "$(cat {folder / "tokens"})" ...',
+            flush=True,
+        )
     if autoscale_config is not None:
         autoscaler, autoscaler_url = start_for_cluster(autoscale_config, cluster)
         print(f"  autoscaler metrics: {autoscaler_url or 'off'}", flush=True)
@@ -165,15 +185,24 @@ def _leave_note(cluster: LocalCluster) -> ClusterNote | None:
 def _cluster_config(args: argparse.Namespace, pod_args: list[str]) -> ClusterConfig:
     """`pdserve up`'s cluster from its flags; raises InvalidArgumentError naming a bad field."""
     return ClusterConfig(
-        num_prefill=args.prefill, num_decode=args.decode, host=args.host, port=args.port, http_port=args.http_port,
-        router_workers=args.router_workers, redis_url=args.redis_url, model=args.model,
-        kv_transfer_backend=args.kv_transfer_backend, registry_refresh_s=args.registry_refresh_s,
-        pod_args=tuple(pod_args), log_dir=args.log_dir,
-        startup_timeout_s=args.startup_timeout_s, show_progress=True,
+        num_prefill=args.prefill,
+        num_decode=args.decode,
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        router_workers=args.router_workers,
+        redis_url=args.redis_url,
+        model=args.model,
+        kv_transfer_backend=args.kv_transfer_backend,
+        registry_refresh_s=args.registry_refresh_s,
+        pod_args=tuple(pod_args),
+        log_dir=args.log_dir,
+        startup_timeout_s=args.startup_timeout_s,
+        show_progress=True,
         metrics_port=None if args.metrics_port == _NO_METRICS else args.metrics_port,
         otlp_endpoint=args.otlp_endpoint,
         gpus=parse_gpus(args.gpus) if args.gpus is not None else visible_gpus(os.environ),
-    )  # fmt: skip
+    )
 
 
 def _secured(config: ClusterConfig, folder: Path | None) -> ClusterConfig:

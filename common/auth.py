@@ -31,8 +31,11 @@ from common.grpc_handlers import HandlerInterceptor, with_behavior
 
 AUTHORIZATION_KEY = "authorization"
 BEARER_PREFIX = "Bearer "
-EXEMPT_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                   "grpc.reflection.v1.ServerReflection")  # fmt: skip
+EXEMPT_SERVICES = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+)
 """Services that answer without a token while `auth_exempt_health` is on."""
 
 
@@ -137,8 +140,9 @@ class AuthInterceptor(HandlerInterceptor):
         metadata = dict(handler_call_details.invocation_metadata or ())
         authorization = metadata.get(AUTHORIZATION_KEY)
         try:
-            self._authenticator.check(handler_call_details.method, authorization if isinstance(authorization, str)
-                                      else None)  # fmt: skip
+            self._authenticator.check(
+                handler_call_details.method, authorization if isinstance(authorization, str) else None
+            )
         except PdserveError as exc:
             return _refusing(handler, to_status(exc))
         return handler

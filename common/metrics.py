@@ -33,20 +33,91 @@ from common.telemetry_config import Role
 PREFIX = "pdserve:"
 
 TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 TOKEN_LATENCY_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 REQUEST_LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
-    1920.0, 7680.0,
-)  # fmt: skip
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 KV_TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FAST_LOOKUP_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-)  # fmt: skip
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 """Redis directory lookups and tokenizer-pool queueing: sub-millisecond when healthy."""
 
 
@@ -91,9 +162,11 @@ class ServiceMetrics:
     def _register_disaggregation_metrics(self) -> None:
         """pdserve's own: KV transfer, prefix directory and router."""
         self._kv_duration = self._histogram(
-            "kv_transfer_duration_seconds", "One request's KV transfer, first block to last ack (s).",
-            KV_TRANSFER_BUCKETS, "backend",
-        )  # fmt: skip
+            "kv_transfer_duration_seconds",
+            "One request's KV transfer, first block to last ack (s).",
+            KV_TRANSFER_BUCKETS,
+            "backend",
+        )
         self._kv_bytes = self._counter("kv_transfer_bytes", "KV bytes moved prefill -> decode.", "backend")
         self._kv_failures = self._counter("kv_transfer_failures", "Failed KV transfers.", "backend")
         self._kv_lease_expiries = self._counter("kv_lease_expiries", "KV leases or reservations that lapsed.")
@@ -241,8 +314,13 @@ class ServiceMetrics:
         self, name: str, documentation: str, buckets: Sequence[float] = REQUEST_LATENCY_BUCKETS, label: str = ""
     ) -> Histogram:
         """The role's child of a histogram; with `label`, the family (children per label value, made on use)."""
-        family = Histogram(PREFIX + name, documentation, ["role", label] if label else ["role"],
-                           registry=self.registry, buckets=buckets)  # fmt: skip
+        family = Histogram(
+            PREFIX + name,
+            documentation,
+            ["role", label] if label else ["role"],
+            registry=self.registry,
+            buckets=buckets,
+        )
         return family.labels(self.role) if not label else family
 
     def _gauge(self, name: str, documentation: str) -> Gauge:

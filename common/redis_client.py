@@ -34,9 +34,14 @@ def open_redis(redis_url: str, timeout_s: float) -> aioredis.Redis:
     url, ssl_files = _split_ssl_files(redis_url)
     retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s, retry=retry, **ssl_files,
-    )  # fmt: skip
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=retry,
+        **ssl_files,
+    )
     return aioredis.Redis.from_pool(pool)
 
 

@@ -134,8 +134,9 @@ def internal_server_credentials(config: ClusterTLSConfig) -> grpc.ServerCredenti
     if not (config.mtls_ca and config.mtls_cert and config.mtls_key):
         return None
     pair = (_read("mtls_key", config.mtls_key), _read("mtls_cert", config.mtls_cert))
-    return grpc.ssl_server_credentials([pair], root_certificates=_read("mtls_ca", config.mtls_ca),
-                                       require_client_auth=True)  # fmt: skip
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=_read("mtls_ca", config.mtls_ca), require_client_auth=True
+    )
 
 
 def internal_channel_security(config: ClusterTLSConfig) -> ChannelSecurity:

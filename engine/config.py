@@ -58,9 +58,11 @@ class ModelConfig:
     )
     quantize_lm_head: bool = field(
         default=False,
-        metadata=doc("run the lm_head in the weight quantization too (fp8, int8: quantized at load); default: the "
-                     "lm_head stays in the model dtype"),
-    )  # fmt: skip
+        metadata=doc(
+            "run the lm_head in the weight quantization too (fp8, int8: quantized at load); default: the "
+            "lm_head stays in the model dtype"
+        ),
+    )
     enforce_eager: bool = field(default=False, metadata=doc("run every step eagerly: no CUDA graphs"))
     seed: int = field(default=0, metadata=doc("seed for weight init of random models and unseeded sampling"))
     max_model_len: int | None = field(
@@ -110,9 +112,11 @@ class CacheConfig:
     enable_prefix_caching: bool = field(default=True, metadata=doc("reuse KV blocks of equal prompt prefixes"))
     cache_salt: str | None = field(
         default=None,
-        metadata=doc("mixed into every block hash: caches with different salts never share blocks (a request's own "
-                     "cache_salt replaces it for that request)"),
-    )  # fmt: skip
+        metadata=doc(
+            "mixed into every block hash: caches with different salts never share blocks (a request's own "
+            "cache_salt replaces it for that request)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(

@@ -239,8 +239,14 @@ class InputBatch:
         dev = self.device_buffers
         if host is dev:
             return dev
-        for name, count in (("input_ids", num_tokens), ("positions", num_tokens), ("slot_mapping", num_tokens),
-                            ("query_start_loc", num_rows + 1), ("seq_lens", num_rows), ("aux", num_aux)):  # fmt: skip
+        for name, count in (
+            ("input_ids", num_tokens),
+            ("positions", num_tokens),
+            ("slot_mapping", num_tokens),
+            ("query_start_loc", num_rows + 1),
+            ("seq_lens", num_rows),
+            ("aux", num_aux),
+        ):
             getattr(dev, name)[:count].copy_(getattr(host, name)[:count], non_blocking=True)
         scratch = dev.scratch[: num_rows * width]
         scratch.copy_(host.block_table.view(-1)[: num_rows * width], non_blocking=True)

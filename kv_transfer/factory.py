@@ -53,9 +53,15 @@ def make_sender(
     exported: dict[str, Any] = {"exported_handle": view.ipc_handle} if backend == "cuda_ipc" else {}
     sender = _SOCKET_SENDERS[backend]
     return sender(
-        view.pool, view.block_size, lease_s=lease_s, connect_timeout_s=connect_timeout_s, on_finished=on_finished,
-        ssl_context=ssl_context, rank=view.rank, **exported,
-    )  # fmt: skip
+        view.pool,
+        view.block_size,
+        lease_s=lease_s,
+        connect_timeout_s=connect_timeout_s,
+        on_finished=on_finished,
+        ssl_context=ssl_context,
+        rank=view.rank,
+        **exported,
+    )
 
 
 def make_receiver(
@@ -75,9 +81,15 @@ def make_receiver(
         return InProcessReceiver(view.pool, view.block_size, on_released=on_released, rank=view.rank)
     receiver = _SOCKET_RECEIVERS[backend]
     return receiver(
-        view.pool, view.block_size, host, port, advertise_host=advertise_host, on_released=on_released,
-        ssl_context=ssl_context, rank=view.rank,
-    )  # fmt: skip
+        view.pool,
+        view.block_size,
+        host,
+        port,
+        advertise_host=advertise_host,
+        on_released=on_released,
+        ssl_context=ssl_context,
+        rank=view.rank,
+    )
 
 
 def make_pod_sender(backend: str, views: Sequence[KVPoolView], **options: Any) -> KVSender:
@@ -98,10 +110,11 @@ def make_pod_receiver(
     if len(views) == 1:
         return make_receiver(backend, views[0], host, port, on_released=on_released, **options)
     return RankedReceiver(
-        _open_all(lambda view: make_receiver(backend, view, host, port and port + view.rank.world_rank, **options),
-                  views),
+        _open_all(
+            lambda view: make_receiver(backend, view, host, port and port + view.rank.world_rank, **options), views
+        ),
         on_released,
-    )  # fmt: skip
+    )
 
 
 def _open_all(open_one: Callable[[KVPoolView], End], views: Sequence[KVPoolView]) -> list[End]:

@@ -118,9 +118,11 @@ class KVReceiverConfig:
 class PodAdmissionConfig:
     admission_max_waiting_requests: int | None = field(
         default=None,
-        metadata=doc("prefill: calls waiting for their first token; decode: reservations not yet decoding; beyond "
-                     "it RESOURCE_EXHAUSTED + RetryInfo; default: 4 x --max-num-seqs, at least 256; 0: no limit"),
-    )  # fmt: skip
+        metadata=doc(
+            "prefill: calls waiting for their first token; decode: reservations not yet decoding; beyond "
+            "it RESOURCE_EXHAUSTED + RetryInfo; default: 4 x --max-num-seqs, at least 256; 0: no limit"
+        ),
+    )
     admission_max_queued_prompt_tokens: int | None = field(
         default=None,
         metadata=doc("prompt tokens of those requests; default: 8 steps of --max-num-batched-tokens; 0: no limit"),

@@ -48,9 +48,15 @@ async def run_pod(
     """Serve until `stop` is set (or a signal arrives, with `handle_signals`), then drain; returns the exit code.
     `add_servicer` adds the role's servicer to the server and returns its service name."""
     runtime = PodRuntime(
-        role, config.engine.model.model, config.server, config.registry, config.telemetry, stop, config.tls,
+        role,
+        config.engine.model.model,
+        config.server,
+        config.registry,
+        config.telemetry,
+        stop,
+        config.tls,
         config.engine.parallel,
-    )  # fmt: skip
+    )
     await runtime.start_server([add_servicer(runtime.server)])
     if handle_signals:
         runtime.install_signal_handlers()

@@ -108,8 +108,9 @@ class PodRuntime:
         telemetry = self._telemetry_config
         self.metrics_port = self.metrics.start_http_server(telemetry.metrics_port, telemetry.metrics_host)
         if self.metrics_port is not None:
-            logger.info("%s %s: metrics on %s:%d/metrics", self.role, self.pod_id, telemetry.metrics_host,
-                        self.metrics_port)  # fmt: skip
+            logger.info(
+                "%s %s: metrics on %s:%d/metrics", self.role, self.pod_id, telemetry.metrics_host, self.metrics_port
+            )
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT set `stopping` (the caller then drains)."""

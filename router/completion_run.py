@@ -141,8 +141,11 @@ class CompletionRun:
         self._progress.emitted.extend(step.token_ids)
         if out.stop_reason is not None:
             # NOTE: the stop string's text is cut; the caller closes the leg, which cancels its Decode call.
-            return self._last_chunk(DecodeStep(step.token_ids, step.logprobs, "stop", out.stop_reason), out.text_delta,
-                                    self._metrics(leg, None))  # fmt: skip
+            return self._last_chunk(
+                DecodeStep(step.token_ids, step.logprobs, "stop", out.stop_reason),
+                out.text_delta,
+                self._metrics(leg, None),
+            )
         if step.finish_reason is None:
             return CompletionChunk(self._index, out.text_delta, step.token_ids, step.logprobs)
         return self._last_chunk(step, out.text_delta + self._detokenizer.flush(), self._metrics(leg, None))
@@ -155,9 +158,15 @@ class CompletionRun:
         self._ctx.metrics.observe_finished(step.finish_reason, elapsed, len(progress.emitted), decode_s=decode_s)
         num_cached_tokens = 0 if progress.first is None else progress.first.num_cached_tokens
         return CompletionChunk(
-            self._index, text, step.token_ids, step.logprobs, step.finish_reason, step.stop_reason, metrics,
+            self._index,
+            text,
+            step.token_ids,
+            step.logprobs,
+            step.finish_reason,
+            step.stop_reason,
+            metrics,
             num_cached_tokens=num_cached_tokens,
-        )  # fmt: skip
+        )
 
     def _metrics(self, leg: CompletionLeg, done: TransferDone | None) -> CompletionMetrics:
         progress = self._progress
@@ -178,8 +187,13 @@ class CompletionRun:
         self._ctx.pods.report_unavailable(failure.pod_id)
         role: PodRole = "decode" if failure.pod_id == leg.decode_pod.pod_id else "prefill"
         progress.skipped[role].add(failure.pod_id)
-        logger.warning("request %s: attempt %d failed after %d tokens: %s",
-                       self._request_id, progress.num_attempts, len(progress.emitted), failure)  # fmt: skip
+        logger.warning(
+            "request %s: attempt %d failed after %d tokens: %s",
+            self._request_id,
+            progress.num_attempts,
+            len(progress.emitted),
+            failure,
+        )
         if progress.num_failures >= self._ctx.max_attempts:
             message = f"{progress.num_failures} attempts failed, the last: {failure}"
             raise UnavailableError(message, retry_after_s=BACKOFF_MAX_S) from None
@@ -237,8 +251,13 @@ class CompletionRun:
         with self._ctx.tracing.span("route", {PDSERVE_ROUTE_ATTEMPT: attempt}) as span:
             prefill_pod, decode_pod = self._pick(leg_input)
             cached_tokens = self._plan.cached_blocks.get(prefill_pod.pod_id, 0) * self._ctx.block_size
-            span.set_attributes({PDSERVE_PREFILL_POD: prefill_pod.pod_id, PDSERVE_DECODE_POD: decode_pod.pod_id,
-                                 PDSERVE_CACHED_PREFIX_TOKENS: cached_tokens})  # fmt: skip
+            span.set_attributes(
+                {
+                    PDSERVE_PREFILL_POD: prefill_pod.pod_id,
+                    PDSERVE_DECODE_POD: decode_pod.pod_id,
+                    PDSERVE_CACHED_PREFIX_TOKENS: cached_tokens,
+                }
+            )
             if self._plan.directory_latency_s is not None:
                 span.set_attribute(PDSERVE_DIRECTORY_LATENCY_S, self._plan.directory_latency_s)
         request_id = f"{self._request_id}.{attempt}"
@@ -250,9 +269,11 @@ class CompletionRun:
         load = self._ctx.load.get
         decode_pods = self._eligible("decode")
         prefill_pod = self._ctx.policy.pick_prefill(
-            pairable_prefill_pods(self._eligible("prefill"), decode_pods), self._plan.routing_key,
-            self._plan.cached_blocks, load,
-        )  # fmt: skip
+            pairable_prefill_pods(self._eligible("prefill"), decode_pods),
+            self._plan.routing_key,
+            self._plan.cached_blocks,
+            load,
+        )
         decode_pod = self._ctx.policy.pick_decode(
             paired_decode_pods(decode_pods, prefill_pod), len(leg_input.token_ids), leg_input.params.max_tokens, load
         )

@@ -115,15 +115,19 @@ class RouterConfig:
     max_retry_s: float = field(default=5.0, metadata=doc("admission: most retry delay a refusal advertises"))
     max_pending_calls: int = field(
         default=16384,
-        metadata=doc("calls of a burst that gRPC holds until the router's event loop takes them up; gRPC itself "
-                     "cancels each one beyond (CANCELLED, unseen by admission; gRPC's default: 1000, then cancelling "
-                     "at random up to 3000)"),
-    )  # fmt: skip
+        metadata=doc(
+            "calls of a burst that gRPC holds until the router's event loop takes them up; gRPC itself "
+            "cancels each one beyond (CANCELLED, unseen by admission; gRPC's default: 1000, then cancelling "
+            "at random up to 3000)"
+        ),
+    )
     drain_timeout_s: float = field(
         default=30.0,
-        metadata=doc("on SIGTERM, how long in-flight calls may finish while health says NOT_SERVING (DRAINING) and "
-                     "new Generate calls get UNAVAILABLE + RetryInfo"),
-    )  # fmt: skip
+        metadata=doc(
+            "on SIGTERM, how long in-flight calls may finish while health says NOT_SERVING (DRAINING) and "
+            "new Generate calls get UNAVAILABLE + RetryInfo"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
@@ -164,9 +168,11 @@ class RoutingConfig:
     )
     max_attempts: int = field(
         default=4,
-        metadata=doc("failed legs (a pod gone, reset or out of its lease) a completion survives: each continues "
-                     "on other pods from the last streamed token"),
-    )  # fmt: skip
+        metadata=doc(
+            "failed legs (a pod gone, reset or out of its lease) a completion survives: each continues "
+            "on other pods from the last streamed token"
+        ),
+    )
     retry_budget_per_s: float = field(
         default=10.0,
         metadata=doc(
@@ -179,14 +185,18 @@ class RoutingConfig:
     )
     unavailable_cooldown_s: float = field(
         default=2.0,
-        metadata=doc("how long a pod whose call failed stays suspect (no new requests while other pods can serve) "
-                     "before a SERVING health check may clear it; a restart with a new generation clears it at once"),
-    )  # fmt: skip
+        metadata=doc(
+            "how long a pod whose call failed stays suspect (no new requests while other pods can serve) "
+            "before a SERVING health check may clear it; a restart with a new generation clears it at once"
+        ),
+    )
     missing_pod_grace_s: float = field(
         default=3.0,
-        metadata=doc("how long a pod missing from a readable registry (e.g. a restarted Redis) is still routed to: "
-                     "one registry TTL, 3 x the pods' --heartbeat-s"),
-    )  # fmt: skip
+        metadata=doc(
+            "how long a pod missing from a readable registry (e.g. a restarted Redis) is still routed to: "
+            "one registry TTL, 3 x the pods' --heartbeat-s"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(self.prefill_load_alpha >= 0, "prefill_load_alpha", f"must be >= 0, got {self.prefill_load_alpha}")

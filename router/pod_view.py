@@ -115,8 +115,9 @@ class PodView:
         """A call to the pod failed as a dead pod's would: it is suspect (dropped if it left the registry)."""
         generation = next((pod.generation for pod in self._pods if pod.pod_id == pod_id), 0)
         if pod_id not in self._suspects:
-            logger.info("pod %s (generation %d) is suspect: no new requests until it answers health", pod_id,
-                        generation)  # fmt: skip
+            logger.info(
+                "pod %s (generation %d) is suspect: no new requests until it answers health", pod_id, generation
+            )
         self._suspects[pod_id] = (generation, self._clock() + self._cooldown_s)
         if self._missing_since.pop(pod_id, None) is not None:
             self._pods = [pod for pod in self._pods if pod.pod_id != pod_id]

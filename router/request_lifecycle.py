@@ -118,24 +118,35 @@ class RequestLifecycle:
         attributes (child of the gRPC SERVER span); raises pdserve errors (or a pod's AioRpcError)."""
         arrival = self._ctx.clock()
         params = request.params
-        with self._ctx.tracing.span("generate", {
-            GEN_AI_OPERATION_NAME: GEN_AI_OPERATION_CHAT if request.messages is not None
-            else GEN_AI_OPERATION_TEXT_COMPLETION,
-            GEN_AI_REQUEST_MODEL: self._model.model_id, GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
-            GEN_AI_REQUEST_TEMPERATURE: params.temperature, GEN_AI_REQUEST_TOP_P: params.top_p,
-            PDSERVE_REQUEST_ID: request.request_id,
-        }) as span, self.running.running(request.request_id):  # fmt: skip
+        with (
+            self._ctx.tracing.span(
+                "generate",
+                {
+                    GEN_AI_OPERATION_NAME: GEN_AI_OPERATION_CHAT
+                    if request.messages is not None
+                    else GEN_AI_OPERATION_TEXT_COMPLETION,
+                    GEN_AI_REQUEST_MODEL: self._model.model_id,
+                    GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+                    GEN_AI_REQUEST_TEMPERATURE: params.temperature,
+                    GEN_AI_REQUEST_TOP_P: params.top_p,
+                    PDSERVE_REQUEST_ID: request.request_id,
+                },
+            ) as span,
+            self.running.running(request.request_id),
+        ):
             finish_reasons: list[str] = []
             async with contextlib.aclosing(self._generate(request, arrival, timeout_s)) as chunks:
                 async for chunk in chunks:
                     if chunk.finish_reason is not None:
                         finish_reasons.append(chunk.finish_reason)
                     if chunk.usage is not None:
-                        span.set_attributes({
-                            GEN_AI_USAGE_INPUT_TOKENS: chunk.usage.prompt_tokens,
-                            GEN_AI_USAGE_OUTPUT_TOKENS: chunk.usage.completion_tokens,
-                            GEN_AI_RESPONSE_FINISH_REASONS: finish_reasons,
-                        })  # fmt: skip
+                        span.set_attributes(
+                            {
+                                GEN_AI_USAGE_INPUT_TOKENS: chunk.usage.prompt_tokens,
+                                GEN_AI_USAGE_OUTPUT_TOKENS: chunk.usage.completion_tokens,
+                                GEN_AI_RESPONSE_FINISH_REASONS: finish_reasons,
+                            }
+                        )
                     yield chunk
 
     async def _generate(
@@ -187,9 +198,9 @@ class RequestLifecycle:
         for position, token_id in enumerate(request.token_ids):
             if not 0 <= token_id < vocab_size:
                 raise InvalidArgumentError(
-                    "token_ids", f"token id {token_id} at position {position} is outside the vocabulary "
-                    f"[0, {vocab_size})",
-                )  # fmt: skip
+                    "token_ids",
+                    f"token id {token_id} at position {position} is outside the vocabulary [0, {vocab_size})",
+                )
         return list(request.token_ids)
 
     async def _plan(

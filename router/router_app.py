@@ -103,10 +103,15 @@ class RouterApp:
         self._directory = PrefixDirectory(config.redis_url)
         load = LocalLoads()
         self._pods = PodView(
-            self._registry, config.model, config.registry_refresh_s, load, routing.unavailable_cooldown_s,
-            routing.missing_pod_grace_s, channel_interceptors=tracing.client_interceptors(),
+            self._registry,
+            config.model,
+            config.registry_refresh_s,
+            load,
+            routing.unavailable_cooldown_s,
+            routing.missing_pod_grace_s,
+            channel_interceptors=tracing.client_interceptors(),
             channel_security=security.pod_channels(),
-        )  # fmt: skip
+        )
         self.status = ServerStatus(
             lambda: self._pods.all_pods,
             process.tokenizer_pool_size(config.tokenizer_pool_size) * process.count,
@@ -270,10 +275,17 @@ def _grpc_server(
 
 
 def _run_context(
-    config: RouterConfig, routing: RoutingConfig, pods: PodView, load: LocalLoads,
-    tokenizer: PreTrainedTokenizerBase, tracing: Tracing, metrics: ServiceMetrics, status: ServerStatus,
-    process: RouterProcess, counts: SharedCounts,
-) -> RunContext:  # fmt: skip
+    config: RouterConfig,
+    routing: RoutingConfig,
+    pods: PodView,
+    load: LocalLoads,
+    tokenizer: PreTrainedTokenizerBase,
+    tracing: Tracing,
+    metrics: ServiceMetrics,
+    status: ServerStatus,
+    process: RouterProcess,
+    counts: SharedCounts,
+) -> RunContext:
     """What every completion the router runs shares: pods, policy, loads, admission (closed while `status` says
     draining; its limits counted in `counts`, the whole router's) and the retry budget (this process's share of the
     router's)."""
@@ -284,6 +296,15 @@ def _run_context(
     burst = max(1, int(process.share(routing.retry_budget_burst)))
     retry_budget = RetryBudget(process.share(routing.retry_budget_per_s), burst)
     return RunContext(
-        pods, RoutingPolicy(config.block_size, routing), load, tokenizer, config.block_size, routing.max_attempts,
-        time.monotonic, admission, tracing, metrics, retry_budget,
-    )  # fmt: skip
+        pods,
+        RoutingPolicy(config.block_size, routing),
+        load,
+        tokenizer,
+        config.block_size,
+        routing.max_attempts,
+        time.monotonic,
+        admission,
+        tracing,
+        metrics,
+        retry_budget,
+    )

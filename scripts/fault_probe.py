@@ -61,8 +61,12 @@ def kill_decode(cluster: LocalCluster, client: GenerationClient) -> dict[str, ob
     recovered = _until(lambda: (probe.clear(), _stream(client, probe, 4), probe == ["ok"])[2], 30.0)
     for thread in threads:
         thread.join()
-    return {"streams": 12, "outcomes": dict(Counter(results)), "new_request_ok_after_s": recovered,
-            "kill_to_join_s": round(time.monotonic() - killed, 1)}  # fmt: skip
+    return {
+        "streams": 12,
+        "outcomes": dict(Counter(results)),
+        "new_request_ok_after_s": recovered,
+        "kill_to_join_s": round(time.monotonic() - killed, 1),
+    }
 
 
 def cancel_storm(cluster: LocalCluster, client: GenerationClient) -> dict[str, object]:
@@ -84,13 +88,23 @@ def cancel_storm(cluster: LocalCluster, client: GenerationClient) -> dict[str, o
         thread.join()
     done = time.monotonic()
     back = _until(lambda: _idle(cluster), 30.0)
-    return {"streams_cancelled": 100, "kv_back_to_baseline_s": None if back is None else round(back, 2),
-            "after_last_cancel_s": round(time.monotonic() - done, 2)}  # fmt: skip
+    return {
+        "streams_cancelled": 100,
+        "kv_back_to_baseline_s": None if back is None else round(back, 2),
+        "after_last_cancel_s": round(time.monotonic() - done, 2),
+    }
 
 
 def main() -> None:
-    config = ClusterConfig(num_prefill=1, num_decode=2, port=0, registry_refresh_s=0.2, pod_args=POD_ARGS,
-                           log_dir=Path(tempfile.mkdtemp()), metrics_port=None)  # fmt: skip
+    config = ClusterConfig(
+        num_prefill=1,
+        num_decode=2,
+        port=0,
+        registry_refresh_s=0.2,
+        pod_args=POD_ARGS,
+        log_dir=Path(tempfile.mkdtemp()),
+        metrics_port=None,
+    )
     with LocalCluster(config) as cluster, GenerationClient(cluster.router_address) as client:
         report = {"kill -9 decode mid-stream (1P+2D)": kill_decode(cluster, client)}
         cluster.add_pod("decode")

@@ -21,24 +21,40 @@ from openai import OpenAI
 def _usage(usage: Any) -> dict[str, int] | None:
     if usage is None:
         return None
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def run(client: OpenAI, model: str, prompt: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     greedy: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0}
     completion = client.completions.create(prompt=prompt, **greedy)
     chat = client.chat.completions.create(messages=messages, **greedy)  # type: ignore[arg-type]
-    completion_chunks = list(client.completions.create(prompt=prompt, stream=True,
-                                                       stream_options={"include_usage": True}, **greedy))  # fmt: skip
-    chat_chunks = list(client.chat.completions.create(messages=messages, stream=True,  # type: ignore[arg-type]
-                                                      stream_options={"include_usage": True}, **greedy))  # fmt: skip
+    completion_chunks = list(
+        client.completions.create(prompt=prompt, stream=True, stream_options={"include_usage": True}, **greedy)
+    )
+    chat_chunks = list(
+        client.chat.completions.create(
+            messages=messages,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+            **greedy,
+        )
+    )
     return {
         "models": [m.id for m in client.models.list().data],
-        "completion": {"text": completion.choices[0].text, "finish_reason": completion.choices[0].finish_reason,
-                       "usage": _usage(completion.usage)},
-        "chat": {"text": chat.choices[0].message.content, "finish_reason": chat.choices[0].finish_reason,
-                 "usage": _usage(chat.usage)},
+        "completion": {
+            "text": completion.choices[0].text,
+            "finish_reason": completion.choices[0].finish_reason,
+            "usage": _usage(completion.usage),
+        },
+        "chat": {
+            "text": chat.choices[0].message.content,
+            "finish_reason": chat.choices[0].finish_reason,
+            "usage": _usage(chat.usage),
+        },
         "completion_stream": {
             "text": "".join(c.choices[0].text for c in completion_chunks if c.choices),
             "num_chunks": sum(1 for c in completion_chunks if c.choices),
@@ -49,7 +65,7 @@ def run(client: OpenAI, model: str, prompt: str, messages: list[dict[str, str]],
             "num_chunks": sum(1 for c in chat_chunks if c.choices),
             "usage": _usage(chat_chunks[-1].usage),
         },
-    }  # fmt: skip
+    }
 
 
 def main() -> int:

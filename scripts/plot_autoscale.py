@@ -15,11 +15,22 @@ from xml.sax.saxutils import escape
 
 PANEL_W, PANEL_H, MARGIN_L, MARGIN_T, GAP = 400, 150, 50, 40, 45
 PANELS = (
-    ("pods (active)", (("prefill_pods", "prefill", "#1f77b4"), ("decode_pods", "decode", "#d62728"),
-                       ("draining_pods", "draining", "#7f7f7f"))),
-    ("load", (("prefill_waiting", "prefill waiting requests", "#1f77b4"),
-              ("decode_requests", "decode running + waiting", "#d62728"))),
-)  # fmt: skip
+    (
+        "pods (active)",
+        (
+            ("prefill_pods", "prefill", "#1f77b4"),
+            ("decode_pods", "decode", "#d62728"),
+            ("draining_pods", "draining", "#7f7f7f"),
+        ),
+    ),
+    (
+        "load",
+        (
+            ("prefill_waiting", "prefill waiting requests", "#1f77b4"),
+            ("decode_requests", "decode running + waiting", "#d62728"),
+        ),
+    ),
+)
 """Each panel: its title and its series (CSV column, legend, colour)."""
 
 
@@ -49,19 +60,25 @@ def panel(rows: list[dict[str, float]], title: str, series: tuple[tuple[str, str
     def xy(t: float, v: float) -> str:
         return f"{x0 + t / t_max * PANEL_W:.1f},{y0 + PANEL_H - v / y_top * PANEL_H:.1f}"
 
-    parts = [f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#444"/>',
-             f'<text x="{x0}" y="{y0 - 6}" font-size="12" font-weight="bold">{escape(title)}</text>']  # fmt: skip
+    parts = [
+        f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#444"/>',
+        f'<text x="{x0}" y="{y0 - 6}" font-size="12" font-weight="bold">{escape(title)}</text>',
+    ]
     for tick in _ticks(y_max):
-        parts.append(f'<text x="{x0 - 6}" y="{y0 + PANEL_H - tick / y_top * PANEL_H + 4:.1f}" font-size="10" '
-                     f'text-anchor="end">{tick:g}</text>')  # fmt: skip
+        parts.append(
+            f'<text x="{x0 - 6}" y="{y0 + PANEL_H - tick / y_top * PANEL_H + 4:.1f}" font-size="10" '
+            f'text-anchor="end">{tick:g}</text>'
+        )
     for tick in _ticks(t_max):
         x = x0 + tick / t_max * PANEL_W
         parts.append(f'<text x="{x:.1f}" y="{y0 + PANEL_H + 13}" font-size="10" text-anchor="middle">{tick:g}</text>')
     for index, (column, label, colour) in enumerate(series):
         points = " ".join(xy(t, v) for t, v in _steps([(r["t_s"], r[column]) for r in rows]))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        parts.append(f'<text x="{x0 + PANEL_W - 4}" y="{y0 + 14 + 13 * index}" font-size="11" text-anchor="end" '
-                     f'fill="{colour}">{escape(label)}</text>')  # fmt: skip
+        parts.append(
+            f'<text x="{x0 + PANEL_W - 4}" y="{y0 + 14 + 13 * index}" font-size="11" text-anchor="end" '
+            f'fill="{colour}">{escape(label)}</text>'
+        )
     return "\n".join(parts)
 
 
@@ -75,15 +92,19 @@ def render(runs: dict[str, list[dict[str, float]]], note: str) -> str:
     """The whole SVG: one column per run (its name on top), `note` and the time axis label at the bottom."""
     column_w = MARGIN_L + PANEL_W + 20
     height = MARGIN_T + len(PANELS) * (PANEL_H + GAP) + 20
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{column_w * len(runs)}" height="{height}" '
-             f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>']  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{column_w * len(runs)}" height="{height}" '
+        f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
+    ]
     for index, (name, rows) in enumerate(runs.items()):
         x0 = index * column_w + MARGIN_L
         parts.append(f'<text x="{x0}" y="16" font-size="14" font-weight="bold">{escape(name)}</text>')
         for row_index, (title, series) in enumerate(PANELS):
             parts.append(panel(rows, title, series, x0, MARGIN_T + row_index * (PANEL_H + GAP)))
-    parts.append(f'<text x="{MARGIN_L}" y="{height - 6}" font-size="10">seconds since the autoscaler started. '
-                 f"{escape(note)}</text></svg>")  # fmt: skip
+    parts.append(
+        f'<text x="{MARGIN_L}" y="{height - 6}" font-size="10">seconds since the autoscaler started. '
+        f"{escape(note)}</text></svg>"
+    )
     return "\n".join(parts) + "\n"
 
 

@@ -58,15 +58,21 @@ def _axes(y_top: float) -> list[str]:
             f'<text x="{x:.1f}" y="{MARGIN_T + PLOT_H + 14}" font-size="10" text-anchor="middle">{tick:g}</text>'
         )
     for value, label in BOUNDS:
-        parts.append(f'<line x1="{MARGIN_L}" y1="{y(value):.1f}" x2="{MARGIN_L + PLOT_W}" y2="{y(value):.1f}" '
-                     f'stroke="#777" stroke-dasharray="5,4"/>')  # fmt: skip
+        parts.append(
+            f'<line x1="{MARGIN_L}" y1="{y(value):.1f}" x2="{MARGIN_L + PLOT_W}" y2="{y(value):.1f}" '
+            f'stroke="#777" stroke-dasharray="5,4"/>'
+        )
         parts.append(
             f'<text x="{MARGIN_L + 4}" y="{y(value) - 4:.1f}" font-size="10" fill="#555">{escape(label)}</text>'
         )
-    parts.append(f'<text x="{MARGIN_L + PLOT_W / 2}" y="{MARGIN_T + PLOT_H + 32}" font-size="11" '
-                 f'text-anchor="middle">replayed acceptance (proposed tokens left uncorrupted)</text>')  # fmt: skip
-    parts.append(f'<text x="14" y="{MARGIN_T + PLOT_H / 2}" font-size="11" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {MARGIN_T + PLOT_H / 2})">TPOT on / off</text>')  # fmt: skip
+    parts.append(
+        f'<text x="{MARGIN_L + PLOT_W / 2}" y="{MARGIN_T + PLOT_H + 32}" font-size="11" '
+        f'text-anchor="middle">replayed acceptance (proposed tokens left uncorrupted)</text>'
+    )
+    parts.append(
+        f'<text x="14" y="{MARGIN_T + PLOT_H / 2}" font-size="11" text-anchor="middle" '
+        f'transform="rotate(-90 14 {MARGIN_T + PLOT_H / 2})">TPOT on / off</text>'
+    )
     return parts
 
 
@@ -79,8 +85,9 @@ def _curve(points: list[Point], label: str, colour: str, index: int, y_top: floa
         fill = colour if same else "white"
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" stroke="{colour}"/>')
     legend_y = MARGIN_T + 12 + 16 * index
-    parts.append(f'<text x="{MARGIN_L + PLOT_W + 12}" y="{legend_y}" font-size="11" fill="{colour}">'
-                 f"{escape(label)}</text>")  # fmt: skip
+    parts.append(
+        f'<text x="{MARGIN_L + PLOT_W + 12}" y="{legend_y}" font-size="11" fill="{colour}">{escape(label)}</text>'
+    )
     return parts
 
 
@@ -89,11 +96,13 @@ def render(curves: dict[str, list[Point]], subtitle: str, note: str) -> str:
     bottom."""
     y_top = max(1.2, *(r for points in curves.values() for _, r, _ in points)) * 1.1
     width, height = MARGIN_L + PLOT_W + LEGEND_W, MARGIN_T + PLOT_H + MARGIN_B
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
-             '<rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{MARGIN_L}" y="18" font-size="13" font-weight="bold">{TITLE}</text>',
-             f'<text x="{MARGIN_L}" y="34" font-size="11">{escape(subtitle)}</text>',
-             *_axes(y_top)]  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{MARGIN_L}" y="18" font-size="13" font-weight="bold">{TITLE}</text>',
+        f'<text x="{MARGIN_L}" y="34" font-size="11">{escape(subtitle)}</text>',
+        *_axes(y_top),
+    ]
     for index, (label, points) in enumerate(curves.items()):
         parts += _curve(points, label, COLOURS[index % len(COLOURS)], index, y_top)
     parts.append(f'<text x="{MARGIN_L}" y="{height - 6}" font-size="10">{escape(note)}</text></svg>')

@@ -81,8 +81,11 @@ def refusals(cluster: LocalCluster, credentials: ClusterCredentials, rogue: Clus
     """What the secure cluster answers to each peer without the right credentials."""
     outcomes: dict[str, str] = {}
     security = client_security(str(credentials.ca))
-    for name, token, sec in (("no token", None, security), ("wrong token", "nope", security),
-                             ("plain text", credentials.token, None)):  # fmt: skip
+    for name, token, sec in (
+        ("no token", None, security),
+        ("wrong token", "nope", security),
+        ("plain text", credentials.token, None),
+    ):
         try:
             with GenerationClient(cluster.router_address, token, sec) as client:
                 list(client.generate(PROMPT, max_tokens=2, timeout_s=10.0))
@@ -120,8 +123,14 @@ def main() -> None:
     for name, tls in (("plain", None), ("mTLS", credentials.cluster_tls())):
         print(f"KV tcp {name}: {kv_throughput(tls, args.kv_blocks, args.kv_rounds):.0f} MB/s", flush=True)
     for name, secure in (("plain", None), ("secure", credentials)):
-        config = ClusterConfig(port=0, pod_args=POD_ARGS, metrics_port=None, log_dir=folder / name,
-                               registry_refresh_s=0.2, credentials=secure)  # fmt: skip
+        config = ClusterConfig(
+            port=0,
+            pod_args=POD_ARGS,
+            metrics_port=None,
+            log_dir=folder / name,
+            registry_refresh_s=0.2,
+            credentials=secure,
+        )
         with LocalCluster(config) as cluster:
             token = secure.token if secure else None
             security = client_security(str(secure.ca)) if secure else None

@@ -17,17 +17,23 @@ DEFAULT_METRICS_PORT = 9100
 def add_autoscale_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `pdserve autoscale` subcommand."""
     parser = commands.add_parser(
-        "autoscale", help="scale prefill and decode pods on their load (from the Redis registry)",
+        "autoscale",
+        help="scale prefill and decode pods on their load (from the Redis registry)",
         description="Decide each role's pod count every --autoscale-interval-s from the registry's load and apply "
         "it with the connector. kubernetes: publish the target counts on /metrics for KEDA or an HPA. compose: scale "
         "the project's prefill and decode services with the compose CLI (--compose-*). local: only with `pdserve up "
         "--autoscale`, which runs the pods it acts on.",
-    )  # fmt: skip
+    )
     parser.add_argument("--redis-url", required=True, help="the Redis of the pod registry")
-    parser.add_argument("--connector", choices=CONNECTORS, default="kubernetes", help="how to apply changes "
-                        "(default: kubernetes)")  # fmt: skip
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help=f"the autoscaler's /metrics port; -1: none (default: {DEFAULT_METRICS_PORT})")  # fmt: skip
+    parser.add_argument(
+        "--connector", choices=CONNECTORS, default="kubernetes", help="how to apply changes (default: kubernetes)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"the autoscaler's /metrics port; -1: none (default: {DEFAULT_METRICS_PORT})",
+    )
     parser.add_argument("--metrics-host", default="0.0.0.0", help="interface of /metrics (default: 0.0.0.0)")
     add_config_args(parser, AutoscalerConfig)
     add_config_args(parser, ComposeConfig)
@@ -36,8 +42,12 @@ def add_autoscale_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 def add_up_flags(up: argparse.ArgumentParser) -> None:
     """`pdserve up --autoscale` and the autoscaler's settings."""
-    up.add_argument("--autoscale", action="store_true", help="run the autoscaler (local connector) beside the "
-                    "cluster: it adds and drains pods between the --min/--max bounds")  # fmt: skip
+    up.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="run the autoscaler (local connector) beside the "
+        "cluster: it adds and drains pods between the --min/--max bounds",
+    )
     add_config_args(up, AutoscalerConfig)
 
 

@@ -41,8 +41,12 @@ Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
 Which = Callable[[str], str | None]
 """Finds an executable on PATH (`shutil.which`)."""
 
-CANDIDATES: tuple[tuple[str, ...], ...] = (("docker", "compose"), ("docker-compose",), ("podman", "compose"),
-                                           ("podman-compose",))  # fmt: skip
+CANDIDATES: tuple[tuple[str, ...], ...] = (
+    ("docker", "compose"),
+    ("docker-compose",),
+    ("podman", "compose"),
+    ("podman-compose",),
+)
 """The compose CLIs tried in order when --compose-command is empty."""
 _PROBE_TIMEOUT_S = 30.0
 _OUTPUT_TAIL_CHARS = 2000
@@ -51,8 +55,15 @@ _OUTPUT_TAIL_CHARS = 2000
 def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run `argv` (no shell), its stdout and stderr together; a timeout counts as exit code 124."""
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout_s, check=False)  # fmt: skip
+        return subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
         return subprocess.CompletedProcess(list(argv), 124, output + f"\n(timed out after {timeout_s:g} s)")
@@ -101,8 +112,13 @@ class ComposeConnector:
                 return
             argv = self.scale_argv(role, decision.desired)
             self._running[role] = self._workers.submit(self._apply, argv)
-        logger.info("autoscaler: %s %s to %d: %s", "adding" if decision.direction == "up" else "draining", role,
-                    decision.desired, shlex.join(argv))  # fmt: skip
+        logger.info(
+            "autoscaler: %s %s to %d: %s",
+            "adding" if decision.direction == "up" else "draining",
+            role,
+            decision.desired,
+            shlex.join(argv),
+        )
 
     def close(self) -> None:
         """Start no more commands; one in flight runs to its end (a drain is not cut short: the process exits once
@@ -112,8 +128,12 @@ class ComposeConnector:
     def _apply(self, argv: list[str]) -> bool:
         result = self._run(argv, self._timeout_s)
         if result.returncode != 0:
-            logger.error("autoscaler: %s exited with %d:\n%s", shlex.join(argv), result.returncode,
-                         (result.stdout or "")[-_OUTPUT_TAIL_CHARS:])  # fmt: skip
+            logger.error(
+                "autoscaler: %s exited with %d:\n%s",
+                shlex.join(argv),
+                result.returncode,
+                (result.stdout or "")[-_OUTPUT_TAIL_CHARS:],
+            )
             return False
         logger.info("autoscaler: done: %s", shlex.join(argv))
         return True

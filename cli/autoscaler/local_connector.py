@@ -54,8 +54,9 @@ class LocalConnector:
             return
         victim = pod_to_drain(decision.role, pods)
         if victim is None or victim.pod_id not in self._cluster.pods:
-            logger.warning("autoscaler: no %s pod of this cluster to drain (registry: %s)", decision.role,
-                           [p.pod_id for p in pods])  # fmt: skip
+            logger.warning(
+                "autoscaler: no %s pod of this cluster to drain (registry: %s)", decision.role, [p.pod_id for p in pods]
+            )
             return
         self._cluster.drain_pod(victim.pod_id)
         logger.info("autoscaler: draining %s pod %s", decision.role, victim.pod_id)

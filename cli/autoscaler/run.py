@@ -31,16 +31,18 @@ and the first prefill and decode pods; cli/cluster_config.py)."""
 def autoscale_command(args: argparse.Namespace, extra: list[str]) -> int:
     """`pdserve autoscale`: run until SIGINT or SIGTERM; the exit code."""
     if args.connector == "local":
-        print("pdserve autoscale: --connector local acts on the pods of a local cluster; run `pdserve up "
-              "--autoscale` instead", file=sys.stderr)  # fmt: skip
+        print(
+            "pdserve autoscale: --connector local acts on the pods of a local cluster; run `pdserve up "
+            "--autoscale` instead",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = config_from_args(AutoscalerConfig, args)
         make_connector = _connector_factory(args)
     except InvalidArgumentError as exc:
         # NOTE: a ConfigValueError names its flag or variable in str(); the others name their flag in the text.
-        print(f"pdserve autoscale: {exc if isinstance(exc, ConfigValueError) else exc.description}",
-              file=sys.stderr)  # fmt: skip
+        print(f"pdserve autoscale: {exc if isinstance(exc, ConfigValueError) else exc.description}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     autoscaler = Autoscaler(config, args.redis_url, make_connector)

@@ -51,8 +51,11 @@ class Autoscaler:
         """Drive the planner until `stop` is set; then close the connector, the registry client and /metrics."""
         pods = PodRegistry(self._redis_url)
         driver = AutoscaleDriver(self.config, pods.list_pods, self._connector, self._metrics)
-        logger.info("autoscaler: deciding every %g s on the registry at %s", self.config.autoscale_interval_s,
-                    redact(self._redis_url))  # fmt: skip
+        logger.info(
+            "autoscaler: deciding every %g s on the registry at %s",
+            self.config.autoscale_interval_s,
+            redact(self._redis_url),
+        )
         try:
             await driver.run(stop)
         finally:

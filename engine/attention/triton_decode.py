@@ -79,13 +79,38 @@ def kv_tile(x, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
-    q_ptr, cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot,
-    stride_oh, stride_bt,
-    num_q_heads, num_splits,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    qk_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ckv,
+    stride_ct,
+    stride_ch,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    num_q_heads,
+    num_splits,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    FP8_ASM: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): q and the step's K/V are just written
     req = tl.program_id(0)
@@ -150,9 +175,18 @@ def _decode_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr, stride_ot, stride_oh, num_q_heads, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    query_start_loc_ptr,
+    stride_ot,
+    stride_oh,
+    num_q_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch: the partials are the previous kernel's
     req = tl.program_id(0)

@@ -50,11 +50,30 @@ def _find_request(query_start_loc_ptr, program, num_reqs, BLOCK_Q: tl.constexpr)
 
 @triton.jit
 def _attend(
-    q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
-    stride_cb, stride_ckv, stride_ct, stride_ch,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-):  # fmt: skip
+    q,
+    m_i,
+    l_i,
+    acc,
+    table,
+    cache_ptr,
+    start,
+    pos,
+    seq_len,
+    kv_head,
+    qk_scale,
+    k_scale,
+    v_scale,
+    stride_cb,
+    stride_ckv,
+    stride_ct,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
     """One online-softmax step of a [BLOCK_M, HEAD_DIM] query tile over K/V positions [start, start + BLOCK_N)."""
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
@@ -85,13 +104,35 @@ def _attend(
 
 @triton.jit(do_not_specialize=["num_reqs"])
 def _prefill_kernel(
-    q_ptr, cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr, qk_scale, k_scale, v_scale,
+    q_ptr,
+    cache_ptr,
+    out_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    qk_scale,
+    k_scale,
+    v_scale,
     num_reqs,
-    stride_qt, stride_qh, stride_cb, stride_ckv, stride_ct, stride_ch, stride_ot, stride_oh, stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ckv,
+    stride_ct,
+    stride_ch,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
-):  # fmt: skip
+):
     # NOTE: reversed program order starts the long causal tiles (late in their prompt) first.
     program = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -120,15 +161,57 @@ def _prefill_kernel(
     full_hi = (context_len + q0) // BLOCK_N * BLOCK_N
     for start in range(0, full_hi, BLOCK_N):
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
-            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, False, DOT_PRECISION, KV_FP8,
-        )  # fmt: skip
+            q,
+            m_i,
+            l_i,
+            acc,
+            table,
+            cache_ptr,
+            start,
+            pos,
+            seq_len,
+            kv_head,
+            qk_scale,
+            k_scale,
+            v_scale,
+            stride_cb,
+            stride_ckv,
+            stride_ct,
+            stride_ch,
+            HEAD_DIM,
+            PAGE,
+            BLOCK_N,
+            False,
+            DOT_PRECISION,
+            KV_FP8,
+        )
     causal_hi = tl.minimum(seq_len, context_len + q0 + BLOCK_Q)
     for start in range(full_hi, causal_hi, BLOCK_N):
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, table, cache_ptr, start, pos, seq_len, kv_head, qk_scale, k_scale, v_scale,
-            stride_cb, stride_ckv, stride_ct, stride_ch, HEAD_DIM, PAGE, BLOCK_N, True, DOT_PRECISION, KV_FP8,
-        )  # fmt: skip
+            q,
+            m_i,
+            l_i,
+            acc,
+            table,
+            cache_ptr,
+            start,
+            pos,
+            seq_len,
+            kv_head,
+            qk_scale,
+            k_scale,
+            v_scale,
+            stride_cb,
+            stride_ckv,
+            stride_ct,
+            stride_ch,
+            HEAD_DIM,
+            PAGE,
+            BLOCK_N,
+            True,
+            DOT_PRECISION,
+            KV_FP8,
+        )
     out = acc / l_i[:, None]
     dst = out_ptr + ((q_start + token) * stride_ot + heads * stride_oh)[:, None] + d[None, :]
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])

@@ -19,8 +19,9 @@ MAX_BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, intermediate_size, BLOCK: tl.constexpr,
-                         PDL_TRIGGER: tl.constexpr):  # fmt: skip
+def _silu_and_mul_kernel(
+    gate_up_ptr, out_ptr, stride_in, stride_out, intermediate_size, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr
+):
     if PDL_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()  # NOTE: engine.layers.pdl: the next GEMV may start loading weights
     token = tl.program_id(0).to(tl.int64)

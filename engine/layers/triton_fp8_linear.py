@@ -51,10 +51,22 @@ class Fp8GemvTiles:
 
 @triton.jit
 def _fp8_gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, K, stride_wn, half_n,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr,
-    PDL: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    K,
+    stride_wn,
+    half_n,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UNROLL: tl.constexpr,
+    VEC: tl.constexpr,
+    PDL: tl.constexpr,
+    GATED: tl.constexpr,
+):
     rows = tile_rows(BLOCK_N, half_n, GATED)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -85,8 +97,17 @@ def _fp8_gemv_kernel(
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-                          BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):  # fmt: skip
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    K,
+    stride_x,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
     # One row: its absmax, then the row divided by absmax / FP8_MAX, saturated, rounded to fp8. ONE_PASS (the row
     # fits one BLOCK): x is read once and kept in registers; else it is read twice, BLOCK columns at a time.
     row = tl.program_id(0).to(tl.int64)
@@ -124,8 +145,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     one_pass = k <= ONE_PASS_MAX
     block = triton.next_power_of_2(k) if one_pass else QUANT_BLOCK
     if m:
-        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block,
-                                    ONE_PASS=one_pass, num_warps=min(16, max(4, block // 512)))  # fmt: skip
+        _quantize_rows_kernel[(m,)](
+            x,
+            q,
+            scale,
+            k,
+            x.stride(0),
+            FP8_MAX=FP8_MAX,
+            MIN_SCALE=MIN_SCALE,
+            BLOCK=block,
+            ONE_PASS=one_pass,
+            num_warps=min(16, max(4, block // 512)),
+        )
     return q, scale
 
 
@@ -186,12 +217,25 @@ def fp8_gemv(
     out = torch.empty((1, n // 2 if gated else n), dtype=x.dtype, device=x.device)
     pdl = tiles.pdl and pdl_supported(x.device)
     _fp8_gemv_kernel[(n // tiles.block_n,)](
-        x, weight, weight_scale, bias, out, k, weight.stride(0), n // 2, HAS_BIAS=bias is not None,
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, UNROLL=tiles.unroll, VEC=16 // x.element_size(), PDL=pdl,
+        x,
+        weight,
+        weight_scale,
+        bias,
+        out,
+        k,
+        weight.stride(0),
+        n // 2,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        UNROLL=tiles.unroll,
+        VEC=16 // x.element_size(),
+        PDL=pdl,
         GATED=gated,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
         **pdl_launch(pdl),
-    )  # fmt: skip
+    )
     return out
 
 

@@ -21,9 +21,18 @@ BLOCK_K = 512
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, K, stride_wn, half_n, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    K,
+    stride_wn,
+    half_n,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+):
     rows = tile_rows(BLOCK_N, half_n, GATED)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -72,7 +81,18 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate
     out = torch.empty((1, n // 2 if gated else n), dtype=x.dtype, device=x.device)
     block_n = _block_n(n)
     _gemv_kernel[(n // block_n,)](
-        x, weight, bias, out, k, weight.stride(0), n // 2, HAS_BIAS=bias is not None, BLOCK_N=block_n,
-        BLOCK_K=BLOCK_K, GATED=gated, num_warps=4, num_stages=4,
-    )  # fmt: skip
+        x,
+        weight,
+        bias,
+        out,
+        k,
+        weight.stride(0),
+        n // 2,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K,
+        GATED=gated,
+        num_warps=4,
+        num_stages=4,
+    )
     return out

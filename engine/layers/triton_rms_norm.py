@@ -21,10 +21,22 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o, stride_ro,
-    hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    residual_out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    hidden_size,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
-):  # fmt: skip
+):
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): x is the previous kernel's output
     if PDL_TRIGGER:

@@ -26,8 +26,17 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _norm_rope(heads_ptr, cos, sin, weight_ptr, eps, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
-               HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):  # fmt: skip
+def _norm_rope(
+    heads_ptr,
+    cos,
+    sin,
+    weight_ptr,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     # Both halves [BLOCK_H, D/2] of NUM_HEADS consecutive heads, normalized and rotated, as float32 values that
     # are already rounded to the activation dtype.
     dtype = heads_ptr.dtype.element_ty
@@ -50,8 +59,19 @@ def _norm_rope(heads_ptr, cos, sin, weight_ptr, eps, NUM_HEADS: tl.constexpr, BL
 
 
 @triton.jit
-def _rope_q(row_ptr, cos, sin, weight_ptr, eps, q_out_ptr, stride_qh, NUM_HEADS: tl.constexpr,
-            BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):  # fmt: skip
+def _rope_q(
+    row_ptr,
+    cos,
+    sin,
+    weight_ptr,
+    eps,
+    q_out_ptr,
+    stride_qh,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     q1, q2 = _norm_rope(row_ptr, cos, sin, weight_ptr, eps, NUM_HEADS, BLOCK_H, HEAD_DIM, HAS_NORM)
     h = tl.arange(0, BLOCK_H)[:, None]
     dst = q_out_ptr + h * stride_qh + tl.arange(0, HEAD_DIM // 2)[None, :]
@@ -74,9 +94,23 @@ def _to_cache(x, scale, src_ptr, dst_ptr, KV_FP8: tl.constexpr):
 
 
 @triton.jit
-def _rope_store_kv(k_row_ptr, cos, sin, weight_ptr, eps, dst_ptr, stride_ckv, stride_ch, k_scale, v_scale,
-                   NUM_KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
-                   KV_FP8: tl.constexpr):  # fmt: skip
+def _rope_store_kv(
+    k_row_ptr,
+    cos,
+    sin,
+    weight_ptr,
+    eps,
+    dst_ptr,
+    stride_ckv,
+    stride_ch,
+    k_scale,
+    v_scale,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
     k1, k2 = _norm_rope(k_row_ptr, cos, sin, weight_ptr, eps, NUM_KV_HEADS, BLOCK_H, HEAD_DIM, HAS_NORM)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, HEAD_DIM)[None, :]
@@ -92,11 +126,35 @@ def _rope_store_kv(k_row_ptr, cos, sin, weight_ptr, eps, dst_ptr, stride_ckv, st
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
-    qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, cache_ptr, slot_mapping_ptr, q_out_ptr, eps,
-    k_scale, v_scale, stride_qkv, stride_cos_sin, stride_cb, stride_ckv, stride_ct, stride_ch, stride_qt, stride_qh,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    qkv_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    cache_ptr,
+    slot_mapping_ptr,
+    q_out_ptr,
+    eps,
+    k_scale,
+    v_scale,
+    stride_qkv,
+    stride_cos_sin,
+    stride_cb,
+    stride_ckv,
+    stride_ct,
+    stride_ch,
+    stride_qt,
+    stride_qh,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: a PDL launch (engine.layers.pdl): qkv is the previous kernel's output
     token = tl.program_id(0).to(tl.int64)
@@ -114,8 +172,23 @@ def _qk_norm_rope_store_kernel(
         # NOTE: a negative slot marks a padding token (e.g. a CUDA-graph batch padded past its requests).
         if slot >= 0:
             dst = cache_ptr + (slot // PAGE) * stride_cb + (slot % PAGE) * stride_ct
-            _rope_store_kv(row + NUM_HEADS * HEAD_DIM, cos, sin, k_norm_ptr, eps, dst, stride_ckv, stride_ch, k_scale,
-                           v_scale, NUM_KV_HEADS, BLOCK_HKV, HEAD_DIM, HAS_NORM, KV_FP8)  # fmt: skip
+            _rope_store_kv(
+                row + NUM_HEADS * HEAD_DIM,
+                cos,
+                sin,
+                k_norm_ptr,
+                eps,
+                dst,
+                stride_ckv,
+                stride_ch,
+                k_scale,
+                v_scale,
+                NUM_KV_HEADS,
+                BLOCK_HKV,
+                HEAD_DIM,
+                HAS_NORM,
+                KV_FP8,
+            )
 
 
 def qk_norm_rope_store(
@@ -142,13 +215,25 @@ def qk_norm_rope_store(
     v / kv_scales[1], saturated; a cache in qkv's dtype gets k and v as they are (the scales are not read).
     `pdl`: launched early (where `pdl_supported`), waiting for the previous kernel before its first load.
     """
-    num_tokens = _check_args(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, kv_cache, slot_mapping,
-                             num_heads, num_kv_heads, head_dim)  # fmt: skip
+    num_tokens = _check_args(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_norm_weight,
+        k_norm_weight,
+        kv_cache,
+        slot_mapping,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    )
     if out is None:
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if out.shape != (num_tokens, num_heads, head_dim) or out.dtype != qkv.dtype or out.stride(2) != 1:
-        raise ValueError(f"out {out.dtype}{tuple(out.shape)} is not [{num_tokens}, {num_heads}, {head_dim}] with a "
-                         f"unit stride on head_dim, of {qkv.dtype}")  # fmt: skip
+        raise ValueError(
+            f"out {out.dtype}{tuple(out.shape)} is not [{num_tokens}, {num_heads}, {head_dim}] with a "
+            f"unit stride on head_dim, of {qkv.dtype}"
+        )
     if num_tokens == 0:
         return out
     pdl = pdl and pdl_supported(qkv.device)

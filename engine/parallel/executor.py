@@ -64,9 +64,11 @@ class ParallelExecutor:
         for world_rank in range(parallel.world_size):
             conn, child_conn = ctx.Pipe()
             process = ctx.Process(
-                target=run_worker, args=(world_rank, config, model_path, store, child_conn, os.getpid()),
-                daemon=True, name=f"pdserve-worker-{world_rank}",
-            )  # fmt: skip
+                target=run_worker,
+                args=(world_rank, config, model_path, store, child_conn, os.getpid()),
+                daemon=True,
+                name=f"pdserve-worker-{world_rank}",
+            )
             # NOTE: started from the spawner thread, whose life the workers' parent-death signal is tied to: the
             # thread building the engine may end long before the engine (a pod builds it in asyncio.to_thread).
             on_spawner_thread(process.start)
@@ -84,8 +86,12 @@ class ParallelExecutor:
         self.max_model_len = ready.max_model_len
         self.kv_pools = [r.kv_pool for r in readies if isinstance(r, WorkerReady)]
         self.kv_pool_handles = [r.kv_pool_handle for r in readies if isinstance(r, WorkerReady)]
-        logger.info("%d workers ready (TP %d x PP %d)", parallel.world_size, parallel.tensor_parallel_size,
-                    parallel.pipeline_parallel_size)  # fmt: skip
+        logger.info(
+            "%d workers ready (TP %d x PP %d)",
+            parallel.world_size,
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
+        )
 
     def receive(self, conn: Connection) -> object:
         """The next message on `conn`; WorkerDiedError if any worker fails or exits first."""

@@ -63,9 +63,12 @@ def output_rank(tp_size: int, pp_size: int) -> int:
 def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=f"file://{store}", rank=rank.world_rank, world_size=rank.world_size,
+        backend,
+        init_method=f"file://{store}",
+        rank=rank.world_rank,
+        world_size=rank.world_size,
         timeout=COLLECTIVE_TIMEOUT,
-    )  # fmt: skip
+    )
     tp_group = None
     # NOTE: every rank creates every stage's group, in the same order (torch.distributed requires it).
     for stage in range(rank.pp_size):

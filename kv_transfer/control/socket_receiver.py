@@ -131,8 +131,12 @@ class SocketReceiver(ReservationReceiver):
             sock.settimeout(_HANDSHAKE_TIMEOUT_S)
             peer = TLSSocket(sock, context, server_side=True)
         except (ssl.SSLError, OSError) as error:
-            logger.warning("kv receiver %s refused a peer at %s without the cluster's credentials: %s",
-                           self._endpoint, address, error)  # fmt: skip
+            logger.warning(
+                "kv receiver %s refused a peer at %s without the cluster's credentials: %s",
+                self._endpoint,
+                address,
+                error,
+            )
             with self._lock:
                 self.num_peers_refused += 1
             sock.close()

@@ -115,9 +115,14 @@ class SocketSender(KVSender, Generic[Staged]):
                 connection = self._connections.get(endpoint)
                 if (connection is None or connection.closed) and reconnect:
                     connection = SenderConnection(
-                        endpoint, self.layout, self._plane, self._ledger, self._connect_timeout_s, self._lease_s,
+                        endpoint,
+                        self.layout,
+                        self._plane,
+                        self._ledger,
+                        self._connect_timeout_s,
+                        self._lease_s,
                         self._ssl_context,
-                    )  # fmt: skip
+                    )
                     self._connections[endpoint] = connection
                     self._num_opened += 1
             if connection is None or connection.submit(item):

@@ -130,8 +130,14 @@ class HttpApi:
 
     async def models(self, request: Request) -> Response:
         model_id = self._lifecycle.model.model_id
-        card = {"id": model_id, "object": "model", "created": 0, "owned_by": "pdserve", "root": model_id,
-                "max_model_len": self._lifecycle.model.max_model_len}  # fmt: skip
+        card = {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pdserve",
+            "root": model_id,
+            "max_model_len": self._lifecycle.model.max_model_len,
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(self, request: Request) -> Response:

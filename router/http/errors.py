@@ -21,14 +21,28 @@ from common.grpc_errors import retry_delay_s
 logger = logging.getLogger(__name__)
 
 _HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "UNAUTHENTICATED": 401,
-    "PERMISSION_DENIED": 403, "NOT_FOUND": 404, "ABORTED": 409, "CANCELLED": 499, "RESOURCE_EXHAUSTED": 429,
-    "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "UNIMPLEMENTED": 501,
-}  # fmt: skip
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "ABORTED": 409,
+    "CANCELLED": 499,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+    "UNIMPLEMENTED": 501,
+}
 _ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    429: "rate_limit_error", 503: "service_unavailable_error", 504: "timeout_error",
-}  # fmt: skip
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
 _FIELD_NAMES = {"text": "prompt", "token_ids": "prompt"}
 """Fields the lifecycle names that the HTTP request calls otherwise (`sampling_params.` prefixes are dropped)."""
 

@@ -48,9 +48,14 @@ class HttpServer:
         """The bound port."""
         tls = tls or PublicTLSConfig()
         config = uvicorn.Config(
-            app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=30,
-            ssl_certfile=tls.tls_cert, ssl_keyfile=tls.tls_key,
-        )  # fmt: skip
+            app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+            ssl_certfile=tls.tls_cert,
+            ssl_keyfile=tls.tls_key,
+        )
         self.scheme = "https" if tls.enabled else "http"
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

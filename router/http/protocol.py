@@ -55,8 +55,9 @@ def sampling_params(body: Mapping[str, Any], default_max_tokens: int | None) -> 
         if body.get(name):
             raise InvalidArgumentError(name, "is not supported by this server")
     stop = body.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and
-                                                            all(isinstance(s, str) for s in stop))):  # fmt: skip
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise InvalidArgumentError("stop", "must be a string or a list of strings")
     stop_token_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_token_ids, list) or not all(isinstance(t, int) for t in stop_token_ids):
@@ -67,14 +68,21 @@ def sampling_params(body: Mapping[str, Any], default_max_tokens: int | None) -> 
         raise InvalidArgumentError("best_of", "must equal n (best_of > n is not supported)")
     max_tokens = _int(body, "max_completion_tokens") if body.get("max_tokens") is None else _int(body, "max_tokens")
     fields: dict[str, Any] = {
-        "n": n, "temperature": _float(body, "temperature"), "top_p": _float(body, "top_p"),
-        "top_k": _int(body, "top_k"), "min_p": _float(body, "min_p"), "seed": _int(body, "seed"),
+        "n": n,
+        "temperature": _float(body, "temperature"),
+        "top_p": _float(body, "top_p"),
+        "top_k": _int(body, "top_k"),
+        "min_p": _float(body, "min_p"),
+        "seed": _int(body, "seed"),
         "repetition_penalty": _float(body, "repetition_penalty"),
-        "presence_penalty": _float(body, "presence_penalty"), "frequency_penalty": _float(body, "frequency_penalty"),
+        "presence_penalty": _float(body, "presence_penalty"),
+        "frequency_penalty": _float(body, "frequency_penalty"),
         "max_tokens": max_tokens if max_tokens is not None else default_max_tokens,
-        "stop": stop, "stop_token_ids": tuple(stop_token_ids), "ignore_eos": _bool(body, "ignore_eos") or None,
+        "stop": stop,
+        "stop_token_ids": tuple(stop_token_ids),
+        "ignore_eos": _bool(body, "ignore_eos") or None,
         "include_stop_str_in_output": _bool(body, "include_stop_str_in_output") or None,
-    }  # fmt: skip
+    }
     # NOTE: top_k 0 means "off" in vLLM's OpenAI server as -1 does.
     if fields["top_k"] == 0:
         fields["top_k"] = -1
@@ -95,9 +103,13 @@ def completion_input(body: Mapping[str, Any], request_id: str, client_id: str) -
     else:
         raise InvalidArgumentError("prompt", "must be a string, a list of one string, or a list of token ids")
     return GenerateInput(
-        request_id, sampling_params(body, None), text=text, token_ids=token_ids, cache_salt=_salt(body),
+        request_id,
+        sampling_params(body, None),
+        text=text,
+        token_ids=token_ids,
+        cache_salt=_salt(body),
         client_id=client_id,
-    )  # fmt: skip
+    )
 
 
 def chat_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
@@ -112,8 +124,9 @@ def chat_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
         if not isinstance(role, str):
             raise InvalidArgumentError(f"messages[{i}].role", "must be a string")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):  # fmt: skip
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise InvalidArgumentError(f"messages[{i}].content", "only text parts are supported")
             content = "".join(p["text"] for p in content)
         if content is None:
@@ -132,8 +145,9 @@ def chat_input(
     default_max_tokens = None if token_ids is None else max(max_model_len - len(token_ids), 1)
     params = sampling_params(body, default_max_tokens)
     if token_ids is not None:
-        return GenerateInput(request_id, params, token_ids=tuple(token_ids), cache_salt=_salt(body),
-                             client_id=client_id)  # fmt: skip
+        return GenerateInput(
+            request_id, params, token_ids=tuple(token_ids), cache_salt=_salt(body), client_id=client_id
+        )
     return GenerateInput(request_id, params, messages=chat_messages(body), cache_salt=_salt(body), client_id=client_id)
 
 
@@ -172,8 +186,13 @@ class CompletionBodies:
         return f"{'chatcmpl' if self.endpoint == 'chat' else 'cmpl'}-{self.request_id}"
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.response_id, "object": kind, "created": self.created, "model": self.model_id,
-                "choices": choices}  # fmt: skip
+        return {
+            "id": self.response_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model_id,
+            "choices": choices,
+        }
 
     def response(
         self, texts: Mapping[int, str], finishes: Mapping[int, CompletionChunk], usage: Usage
@@ -182,8 +201,12 @@ class CompletionBodies:
         choices = []
         for index in sorted(texts):
             last = finishes[index]
-            choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": last.finish_reason,
-                                      "stop_reason": last.stop_reason}  # fmt: skip
+            choice: dict[str, Any] = {
+                "index": index,
+                "logprobs": None,
+                "finish_reason": last.finish_reason,
+                "stop_reason": last.stop_reason,
+            }
             if self.endpoint == "chat":
                 choice["message"] = {"role": "assistant", "content": texts[index]}
             else:
@@ -194,8 +217,12 @@ class CompletionBodies:
 
     def chunk(self, chunk: CompletionChunk, first: bool, include_usage: bool) -> dict[str, Any]:
         """A streaming chunk body of `chunk`; `first`: the completion's first chunk (chat announces the role)."""
-        choice: dict[str, Any] = {"index": chunk.index, "logprobs": None, "finish_reason": chunk.finish_reason,
-                                  "stop_reason": chunk.stop_reason}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": chunk.index,
+            "logprobs": None,
+            "finish_reason": chunk.finish_reason,
+            "stop_reason": chunk.stop_reason,
+        }
         if self.endpoint == "chat":
             choice["delta"] = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
         else:

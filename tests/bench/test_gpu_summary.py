@@ -13,8 +13,15 @@ def _write(folder: Path, name: str, data: object) -> None:
 
 
 def test_gemv_table_per_projection_from_both_sweeps(tmp_path: Path) -> None:
-    fp8_row = {"n": 4096, "k": 4096, "bf16_triton_us": 14.0, "bf16_pct_of_copy": 80.0, "best_us": 8.0,
-               "best_pct_of_copy": 70.0, "best_tiles": "tiles(4, 256)"}  # fmt: skip
+    fp8_row = {
+        "n": 4096,
+        "k": 4096,
+        "bf16_triton_us": 14.0,
+        "bf16_pct_of_copy": 80.0,
+        "best_us": 8.0,
+        "best_pct_of_copy": 70.0,
+        "best_tiles": "tiles(4, 256)",
+    }
     _write(tmp_path, "bench_fp8_gemv.json", {"copy_gb_s": 3000.0, "shapes": {"o": fp8_row}})
     us = int4_nbytes(4096, 4096) / (0.75 * 3000.0 * 1e3)  # 75% of copy
     entries = {"4096x4096x1": {"kernel": "gemv", "meta": {"HALF2": 1}}}
@@ -23,8 +30,9 @@ def test_gemv_table_per_projection_from_both_sweeps(tmp_path: Path) -> None:
     )
     lines = section_lines(tmp_path, "gemv")
     assert int4_nbytes(4096, 4096) == 4096 * 2048 + 3 * 4096 * 32
-    assert lines[2] == (f"o 4096x4096: bf16 80% (14.0 us); fp8 70% (8.0 us, tiles(4, 256)); int4 75% ({us:.1f} us, "
-                        "gemv {'HALF2': 1})")  # fmt: skip
+    assert lines[2] == (
+        f"o 4096x4096: bf16 80% (14.0 us); fp8 70% (8.0 us, tiles(4, 256)); int4 75% ({us:.1f} us, gemv {{'HALF2': 1}})"
+    )
     assert lines[1] == "qkv 6144x4096: bf16 / fp8: no result int4: no result"
 
 

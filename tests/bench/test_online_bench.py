@@ -114,9 +114,16 @@ def cluster_flags(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str
     with serving(args, model_choice(args)) as cluster:
         assert cluster.redis_url is not None and cluster.router_pid is not None
         yield [
-            "--address", cluster.address, "--redis-url", cluster.redis_url, "--router-pid", str(cluster.router_pid),
-            "--no-progress", "--colocated-arg", "--num-blocks 256",
-        ]  # fmt: skip
+            "--address",
+            cluster.address,
+            "--redis-url",
+            cluster.redis_url,
+            "--router-pid",
+            str(cluster.router_pid),
+            "--no-progress",
+            "--colocated-arg",
+            "--num-blocks 256",
+        ]
 
 
 def run_workload(workload: str, *flags: str) -> dict[str, Any]:

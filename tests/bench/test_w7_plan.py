@@ -32,20 +32,25 @@ def test_one_prefill_and_one_decode_on_two_gpus_against_one_engine_per_gpu() -> 
 
 def test_the_cluster_counts_the_gpus_its_pods_use() -> None:
     assert plan("--gpus", "4,5,6,7")["disaggregated"] == {
-        "cluster": "LocalCluster", "gpus": 2, "pod_gpus": {"prefill-0": "4", "decode-0": "5"},
-    }  # fmt: skip
+        "cluster": "LocalCluster",
+        "gpus": 2,
+        "pod_gpus": {"prefill-0": "4", "decode-0": "5"},
+    }
     assert plan("--gpus", "0,1", "--num-prefill", "2", "--num-decode", "2")["disaggregated"] == {
-        "cluster": "LocalCluster", "gpus": 2,
+        "cluster": "LocalCluster",
+        "gpus": 2,
         "pod_gpus": {"prefill-0": "0", "prefill-1": "1", "decode-0": "0", "decode-1": "1"},
-    }  # fmt: skip
+    }
 
 
 def test_without_gpus_the_cluster_is_one_gpu_unless_told() -> None:
     assert plan() == {"colocated": COLOCATED, "disaggregated": {"cluster": "LocalCluster", "gpus": 1, "pod_gpus": {}}}
     assert plan("--gpus", "0,1", "--cluster-gpus", "4")["disaggregated"]["gpus"] == 4
     assert plan("--address", "10.0.0.5:50051", "--cluster-gpus", "2")["disaggregated"] == {
-        "cluster": "10.0.0.5:50051", "gpus": 2, "pod_gpus": {},
-    }  # fmt: skip
+        "cluster": "10.0.0.5:50051",
+        "gpus": 2,
+        "pod_gpus": {},
+    }
 
 
 def test_bad_gpu_ids_name_the_flag() -> None:

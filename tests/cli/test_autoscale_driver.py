@@ -24,16 +24,33 @@ from common.pod_registry import PodInfo, PodRole
 from common.redis_client import redact
 
 CONFIG = AutoscalerConfig(
-    min_prefill=1, max_prefill=3, min_decode=1, max_decode=3, autoscale_interval_s=0.01, scale_down_window_s=20.0,
-    action_timeout_s=60.0, prefill_waiting_high=4.0, prefill_waiting_low=1.0,
-)  # fmt: skip
+    min_prefill=1,
+    max_prefill=3,
+    min_decode=1,
+    max_decode=3,
+    autoscale_interval_s=0.01,
+    scale_down_window_s=20.0,
+    action_timeout_s=60.0,
+    prefill_waiting_high=4.0,
+    prefill_waiting_low=1.0,
+)
 DECISIONS = "pdserve:autoscaler_scaling_decisions_total"
 
 
 def pod(pod_id: str, waiting: int = 0, running: int = 0, free: int = 100, draining: bool = False) -> PodInfo:
     role: PodRole = "prefill" if pod_id.startswith("prefill") else "decode"
-    return PodInfo(pod_id, role, f"{pod_id}:1", "m", 1, draining=draining, num_running=running, num_waiting=waiting,
-                   num_free_blocks=free, num_total_blocks=100)  # fmt: skip
+    return PodInfo(
+        pod_id,
+        role,
+        f"{pod_id}:1",
+        "m",
+        1,
+        draining=draining,
+        num_running=running,
+        num_waiting=waiting,
+        num_free_blocks=free,
+        num_total_blocks=100,
+    )
 
 
 class FakeRegistry:

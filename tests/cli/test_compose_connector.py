@@ -17,8 +17,9 @@ from cli.autoscaler.planner import Decision
 from cli.main import main
 from common.errors import InvalidArgumentError
 
-CONFIG = ComposeConfig(compose_file="/etc/pdserve/docker-compose.yml", compose_project="pdserve-e2e",
-                       compose_timeout_s=90.0)  # fmt: skip
+CONFIG = ComposeConfig(
+    compose_file="/etc/pdserve/docker-compose.yml", compose_project="pdserve-e2e", compose_timeout_s=90.0
+)
 
 
 class FakeRunner:
@@ -52,16 +53,34 @@ def test_scale_out_and_in_run_compose_up_with_the_target_count() -> None:
     connector.scale(Decision("prefill", 3, 2, "down", "idle"), [])
     wait_not_pending(connector)
     connector.close()
-    base = ["docker-compose", "-f", "/etc/pdserve/docker-compose.yml", "-p", "pdserve-e2e", "up", "-d", "--no-deps",
-            "--no-recreate", "--scale"]  # fmt: skip
+    base = [
+        "docker-compose",
+        "-f",
+        "/etc/pdserve/docker-compose.yml",
+        "-p",
+        "pdserve-e2e",
+        "up",
+        "-d",
+        "--no-deps",
+        "--no-recreate",
+        "--scale",
+    ]
     assert run.calls == [([*base, "decode=2", "decode"], 90.0), ([*base, "prefill=2", "prefill"], 90.0)]
 
 
 def test_without_file_and_project_the_cli_defaults_apply() -> None:
     connector = ComposeConnector(ComposeConfig(), ["podman", "compose"], FakeRunner())
     assert connector.scale_argv("prefill", 4) == [
-        "podman", "compose", "up", "-d", "--no-deps", "--no-recreate", "--scale", "prefill=4", "prefill",
-    ]  # fmt: skip
+        "podman",
+        "compose",
+        "up",
+        "-d",
+        "--no-deps",
+        "--no-recreate",
+        "--scale",
+        "prefill=4",
+        "prefill",
+    ]
 
 
 def test_a_role_is_pending_while_its_command_runs_and_a_second_change_is_ignored() -> None:

@@ -83,17 +83,26 @@ def test_visible_gpus_come_from_cuda_visible_devices_then_nvidia_smi(
 def test_each_pod_process_gets_its_gpu(tmp_path: Path) -> None:
     """Pods that print their CUDA_VISIBLE_DEVICES and exit: each start fails (no SERVING), its log shows its GPU
     first."""
-    show = (sys.executable, "-c", "import os; print('GPU', os.environ['CUDA_VISIBLE_DEVICES'], "
-            "os.environ['CUDA_DEVICE_ORDER'])")  # fmt: skip
+    show = (
+        sys.executable,
+        "-c",
+        "import os; print('GPU', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'])",
+    )
     config = ClusterConfig(
-        redis_url="redis://127.0.0.1:1/0", gpus=("3", "5"), metrics_port=None, log_dir=tmp_path,
-        entry_points={"router": show, "prefill": show, "decode": show}, startup_timeout_s=30,
-    )  # fmt: skip
+        redis_url="redis://127.0.0.1:1/0",
+        gpus=("3", "5"),
+        metrics_port=None,
+        log_dir=tmp_path,
+        entry_points={"router": show, "prefill": show, "decode": show},
+        startup_timeout_s=30,
+    )
     cluster = LocalCluster(config)
     for role in ("prefill", "decode", "decode"):
         with pytest.raises(ClusterError, match="exited with code 0 while starting"):
             cluster.add_pod(role)
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("prefill-0", "decode-0", "decode-1")}
     assert logs == {
-        "prefill-0": "GPU 3,5 PCI_BUS_ID\n", "decode-0": "GPU 5,3 PCI_BUS_ID\n", "decode-1": "GPU 3,5 PCI_BUS_ID\n"
-    }  # fmt: skip
+        "prefill-0": "GPU 3,5 PCI_BUS_ID\n",
+        "decode-0": "GPU 5,3 PCI_BUS_ID\n",
+        "decode-1": "GPU 3,5 PCI_BUS_ID\n",
+    }

@@ -12,13 +12,28 @@ from cli.status import ClusterStatus, RouterStatus, to_json, to_table
 from common.pod_registry import PodInfo
 
 DECODE = PodInfo(
-    pod_id="decode-0", role="decode", address="10.0.0.7:40001", model="smollm2-135m", generation=17,
-    kv_endpoint="10.0.0.7:40002", num_running=12, num_waiting=3, num_free_blocks=100, num_total_blocks=512,
-)  # fmt: skip
+    pod_id="decode-0",
+    role="decode",
+    address="10.0.0.7:40001",
+    model="smollm2-135m",
+    generation=17,
+    kv_endpoint="10.0.0.7:40002",
+    num_running=12,
+    num_waiting=3,
+    num_free_blocks=100,
+    num_total_blocks=512,
+)
 PREFILL = PodInfo(
-    pod_id="prefill-0", role="prefill", address="10.0.0.8:40003", model="smollm2-135m", generation=18,
-    draining=True, num_running=1, num_free_blocks=512, num_total_blocks=512,
-)  # fmt: skip
+    pod_id="prefill-0",
+    role="prefill",
+    address="10.0.0.8:40003",
+    model="smollm2-135m",
+    generation=18,
+    draining=True,
+    num_running=1,
+    num_free_blocks=512,
+    num_total_blocks=512,
+)
 ROUTER = RouterStatus("10.0.0.9:50051", "serving")
 
 
@@ -38,8 +53,11 @@ def test_the_table_aligns_one_row_per_pod_then_the_routers() -> None:
 def test_the_table_says_when_no_pod_is_registered_and_shows_no_router_section_without_routers() -> None:
     assert to_table(ClusterStatus((), ())) == "no pods registered"
     assert to_table(ClusterStatus((), (ROUTER,))).splitlines() == [
-        "no pods registered", "", "ROUTER          STATE", "10.0.0.9:50051  serving"
-    ]  # fmt: skip
+        "no pods registered",
+        "",
+        "ROUTER          STATE",
+        "10.0.0.9:50051  serving",
+    ]
 
 
 def test_a_pod_without_blocks_shows_no_kv_usage() -> None:
@@ -52,18 +70,34 @@ def test_the_json_has_the_documented_keys_and_values() -> None:
     assert json.loads(to_json(ClusterStatus((DECODE, PREFILL), (ROUTER,)))) == {
         "pods": [
             {
-                "pod_id": "decode-0", "role": "decode", "address": "10.0.0.7:40001", "state": "serving",
-                "num_running": 12, "num_waiting": 3, "num_free_blocks": 100, "num_total_blocks": 512,
-                "kv_usage": 0.8047, "generation": 17, "model": "smollm2-135m",
+                "pod_id": "decode-0",
+                "role": "decode",
+                "address": "10.0.0.7:40001",
+                "state": "serving",
+                "num_running": 12,
+                "num_waiting": 3,
+                "num_free_blocks": 100,
+                "num_total_blocks": 512,
+                "kv_usage": 0.8047,
+                "generation": 17,
+                "model": "smollm2-135m",
             },
             {
-                "pod_id": "prefill-0", "role": "prefill", "address": "10.0.0.8:40003", "state": "draining",
-                "num_running": 1, "num_waiting": 0, "num_free_blocks": 512, "num_total_blocks": 512,
-                "kv_usage": 0.0, "generation": 18, "model": "smollm2-135m",
+                "pod_id": "prefill-0",
+                "role": "prefill",
+                "address": "10.0.0.8:40003",
+                "state": "draining",
+                "num_running": 1,
+                "num_waiting": 0,
+                "num_free_blocks": 512,
+                "num_total_blocks": 512,
+                "kv_usage": 0.0,
+                "generation": 18,
+                "model": "smollm2-135m",
             },
         ],
         "routers": [{"address": "10.0.0.9:50051", "state": "serving"}],
-    }  # fmt: skip
+    }
     assert json.loads(to_json(ClusterStatus((), ()))) == {"pods": [], "routers": []}
 
 

@@ -266,8 +266,18 @@ def test_config_rejects_bad_values(changes: dict[str, float], field: str) -> Non
 
 
 def test_a_snapshot_of_a_registry_entry() -> None:
-    info = PodInfo("decode-0", "decode", "h:1", "m", 1, draining=True, num_running=2, num_waiting=3,
-                   num_free_blocks=4, num_total_blocks=10)  # fmt: skip
+    info = PodInfo(
+        "decode-0",
+        "decode",
+        "h:1",
+        "m",
+        1,
+        draining=True,
+        num_running=2,
+        num_waiting=3,
+        num_free_blocks=4,
+        num_total_blocks=10,
+    )
     assert PodSnapshot.from_pod_info(info) == PodSnapshot(
         "decode", "decode-0", draining=True, num_running=2, num_waiting=3, num_free_blocks=4, num_total_blocks=10
     )

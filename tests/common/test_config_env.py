@@ -36,8 +36,9 @@ def test_a_variable_sets_its_field_and_a_flag_wins_over_it() -> None:
     assert _config(CacheConfig, [], {}) == CacheConfig()
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("TRUE", True), ("Yes", True), ("0", False),
-                                               ("false", False), ("NO", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("1", True), ("TRUE", True), ("Yes", True), ("0", False), ("false", False), ("NO", False)]
+)
 def test_bool_variables(raw: str, expected: bool) -> None:
     assert _config(CacheConfig, [], {"PDSERVE_ENABLE_PREFIX_CACHING": raw}) == CacheConfig(
         enable_prefix_caching=expected
@@ -82,8 +83,12 @@ def test_a_bad_flag_is_named_even_with_its_variable_set() -> None:
 
 
 def test_pods_read_their_variables_and_exit_2_naming_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
-    environ = {"PDSERVE_REDIS_URL": "redis://r:1/0", "PDSERVE_POD_ID": "decode-env", "PDSERVE_KV_PORT": "7000",
-               "PDSERVE_NUM_BLOCK": "typo, ignored"}  # fmt: skip
+    environ = {
+        "PDSERVE_REDIS_URL": "redis://r:1/0",
+        "PDSERVE_POD_ID": "decode-env",
+        "PDSERVE_KV_PORT": "7000",
+        "PDSERVE_NUM_BLOCK": "typo, ignored",
+    }
     decode = parse_pod_config("decode", ["--pod-id", "decode-flag"], with_receiver=True, environ=environ)
     assert (decode.registry, decode.receiver) == (
         RegistryConfig(redis_url="redis://r:1/0", pod_id="decode-flag"),

@@ -15,13 +15,26 @@ from common.pod_registry import PodInfo, PodRegistry
 pytestmark = pytest.mark.anyio
 
 PREFILL = PodInfo(
-    pod_id="prefill-0", role="prefill", address="10.0.0.1:50051", model="qwen3-0.6b", generation=111,
-    num_free_blocks=900, num_total_blocks=1000,
-)  # fmt: skip
+    pod_id="prefill-0",
+    role="prefill",
+    address="10.0.0.1:50051",
+    model="qwen3-0.6b",
+    generation=111,
+    num_free_blocks=900,
+    num_total_blocks=1000,
+)
 DECODE = PodInfo(
-    pod_id="decode-0", role="decode", address="10.0.0.2:50052", model="qwen3-0.6b", generation=222,
-    kv_endpoint="10.0.0.2:60000", num_running=3, num_waiting=1, num_free_blocks=500, num_total_blocks=2000,
-)  # fmt: skip
+    pod_id="decode-0",
+    role="decode",
+    address="10.0.0.2:50052",
+    model="qwen3-0.6b",
+    generation=222,
+    kv_endpoint="10.0.0.2:60000",
+    num_running=3,
+    num_waiting=1,
+    num_free_blocks=500,
+    num_total_blocks=2000,
+)
 
 
 async def _wait_for_pods(registry: PodRegistry, expected: list[PodInfo], timeout_s: float = 2.0) -> None:

@@ -37,9 +37,12 @@ async def test_expired_failed_and_aborted_are_logged(
         await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 61, 1.0)
         await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 64, 2.0)
         assert _lines(caplog, "decode_service.decode_front", expiring) == [
-            (logging.WARNING, f"KV reservation of request 'req' (transfer {expiring}) ended expired before its "
-                              "claim; its blocks are freed"),
-        ]  # fmt: skip
+            (
+                logging.WARNING,
+                f"KV reservation of request 'req' (transfer {expiring}) ended expired before its "
+                "claim; its blocks are freed",
+            ),
+        ]
 
         released = await pods.reserve(PROMPT, 4)
         await pods.release(released)

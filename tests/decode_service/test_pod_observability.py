@@ -57,8 +57,10 @@ async def test_one_trace_across_both_pods(tiny_model: Path, redis_server: RedisS
         (s for s in spans if s.name == "prefill.chunk"), key=lambda s: s.attributes["pdserve.prefill.chunk.start_token"]
     )
     assert [(c.parent_id, c.attributes["pdserve.prefill.chunk.num_tokens"]) for c in chunks] == [
-        (prefill.span_id, 16), (prefill.span_id, 16), (prefill.span_id, 8)
-    ]  # fmt: skip
+        (prefill.span_id, 16),
+        (prefill.span_id, 16),
+        (prefill.span_id, 8),
+    ]
     transfer = _one(spans, "pdserve-prefill", "kv_transfer")
     assert transfer.parent_id == prefill_server.span_id
     block_nbytes = flow.reserve.kv_target.layout.block_nbytes

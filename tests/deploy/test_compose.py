@@ -52,8 +52,12 @@ def _compose_config(*args: str, password: str | None = PASSWORD) -> subprocess.C
         env["REDIS_PASSWORD"] = password
     return subprocess.run(
         [require_tool("docker-compose"), "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), *args, "config"],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("profiles", [(), ("gpu",), ("observability",), ("gpu", "observability")])
@@ -171,8 +175,9 @@ def test_gpu_profile_gives_each_pod_service_one_gpu(services: dict[str, dict[str
         assert service.get("ipc") == "host" and service.get("pid") == "host", name
     devices = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in gpu.values()]
     assert dict(zip(gpu, devices, strict=True)) == {
-        "prefill-gpu0": "${PDSERVE_PREFILL_GPU:-0}", "decode-gpu1": "${PDSERVE_DECODE_GPU:-1}",
-    }  # fmt: skip
+        "prefill-gpu0": "${PDSERVE_PREFILL_GPU:-0}",
+        "decode-gpu1": "${PDSERVE_DECODE_GPU:-1}",
+    }
 
 
 def test_autoscaler_runs_the_compose_connector_on_this_file(services: dict[str, dict[str, Any]]) -> None:
@@ -181,8 +186,11 @@ def test_autoscaler_runs_the_compose_connector_on_this_file(services: dict[str, 
     command = [arg.replace("${REDIS_PASSWORD:?set REDIS_PASSWORD}", PASSWORD) for arg in command]
     args = _parser().parse_args(command)
     assert (args.command, args.connector, args.compose_file, args.compose_project) == (
-        "autoscale", "compose", "/etc/pdserve/compose/docker-compose.yml", "pdserve",
-    )  # fmt: skip
+        "autoscale",
+        "compose",
+        "/etc/pdserve/compose/docker-compose.yml",
+        "pdserve",
+    )
     assert f"./docker-compose.yml:{args.compose_file}:ro" in autoscaler["volumes"]
     assert "${CONTAINER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock" in autoscaler["volumes"]
     assert autoscaler["environment"]["DOCKER_HOST"] == "unix:///var/run/docker.sock"

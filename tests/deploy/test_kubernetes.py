@@ -28,8 +28,11 @@ Resource = dict[str, Any]
 def _render(overlay: str) -> list[Resource]:
     result = subprocess.run(
         [require_tool("kubectl"), "kustomize", str(KUSTOMIZE_ROOT / "overlays" / overlay)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

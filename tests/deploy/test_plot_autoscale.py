@@ -31,9 +31,15 @@ def test_runs_are_read_in_file_order(tmp_path: Path) -> None:
     assert list(runs) == ["prefill-heavy", "decode-heavy"]
     assert [row["prefill_pods"] for row in runs["prefill-heavy"]] == [1.0, 2.0, 1.0]
     assert runs["decode-heavy"] == [
-        {"t_s": 0.0, "prefill_pods": 1.0, "decode_pods": 1.0, "draining_pods": 0.0, "prefill_waiting": 0.0,
-         "decode_requests": 3.0}
-    ]  # fmt: skip
+        {
+            "t_s": 0.0,
+            "prefill_pods": 1.0,
+            "decode_pods": 1.0,
+            "draining_pods": 0.0,
+            "prefill_waiting": 0.0,
+            "decode_requests": 3.0,
+        }
+    ]
 
 
 def test_the_pods_panel_draws_step_lines(tmp_path: Path) -> None:

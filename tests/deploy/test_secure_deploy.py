@@ -22,22 +22,46 @@ from tests.deploy.test_kubernetes import _containers, _of_kind, _render
 TLS_DIR = "/etc/pdserve/tls"
 MTLS = {env_name(f.name) for f in dataclasses.fields(ClusterTLSConfig)}
 ROUTER_ONLY = {env_name(f.name) for cls in (PublicTLSConfig, AuthConfig) for f in dataclasses.fields(cls)} - {
-    env_name("auth_tokens"), env_name("auth_exempt_health"),
-}  # fmt: skip
+    env_name("auth_tokens"),
+    env_name("auth_exempt_health"),
+}
 ROUTER_WORKERS = "PDSERVE_ROUTER_WORKERS"
 FILES = {"ca.pem", "internal.pem", "internal.key", "public.pem", "public.key", "tokens"}
-POD_HEALTH = ["pdserve", "health", "127.0.0.1:50051", "--tls-ca", f"{TLS_DIR}/ca.pem", "--tls-cert",
-              f"{TLS_DIR}/internal.pem", "--tls-key", f"{TLS_DIR}/internal.key"]  # fmt: skip
+POD_HEALTH = [
+    "pdserve",
+    "health",
+    "127.0.0.1:50051",
+    "--tls-ca",
+    f"{TLS_DIR}/ca.pem",
+    "--tls-cert",
+    f"{TLS_DIR}/internal.pem",
+    "--tls-key",
+    f"{TLS_DIR}/internal.key",
+]
 ROUTER_HEALTH = ["pdserve", "health", "127.0.0.1:50051", "--tls-ca", f"{TLS_DIR}/ca.pem"]
 
 
 def _rendered_compose() -> dict[str, Any]:
     env = {**os.environ, "REDIS_PASSWORD": "test-password-123", "PDSERVE_TLS_DIR": "/srv/pdserve-tls"}
     result = subprocess.run(
-        [require_tool("docker-compose"), "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
-         "-f", str(ROOT / "deploy" / "compose.secure.yml"), "--profile", "gpu", "config"],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            require_tool("docker-compose"),
+            "--project-directory",
+            str(ROOT),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "-f",
+            str(ROOT / "deploy" / "compose.secure.yml"),
+            "--profile",
+            "gpu",
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     rendered: dict[str, Any] = yaml.safe_load(result.stdout)
     return rendered
@@ -75,8 +99,11 @@ def test_kubernetes_secure_overlay_turns_every_switch_on(secure_overlay: list[di
         assert set(env) == (MTLS | ROUTER_ONLY if name == "router" else MTLS), name
         assert _named_files(env) <= FILES, name
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        volumes = {v["name"]: v["secret"]["secretName"] for v in deployments[name]["spec"]["template"]["spec"]
-                   ["volumes"] if "secret" in v}  # fmt: skip
+        volumes = {
+            v["name"]: v["secret"]["secretName"]
+            for v in deployments[name]["spec"]["template"]["spec"]["volumes"]
+            if "secret" in v
+        }
         assert volumes[mounts[TLS_DIR]] == "pdserve-tls", name
         if name == "router":
             assert volumes[mounts["/etc/pdserve/auth"]] == "pdserve-auth"

@@ -27,9 +27,15 @@ def oracle() -> Oracle:
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """2 prefill + 2 decode pods and the router; tests may add and stop pods and restart Redis."""
     config = ClusterConfig(
-        num_prefill=2, num_decode=2, port=0, registry_refresh_s=REGISTRY_REFRESH_S, pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
+        num_prefill=2,
+        num_decode=2,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=POD_ARGS,
+        log_dir=tmp_path_factory.mktemp("cluster-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+    )
     with LocalCluster(config) as cluster:
         _clusters.append(cluster)
         yield cluster

@@ -44,9 +44,16 @@ from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, r
 
 CONCURRENCY = 8
 PREFILL_HEAVY = AutoscalerConfig(
-    min_prefill=1, max_prefill=2, min_decode=1, max_decode=2, autoscale_interval_s=0.3, scale_down_window_s=2.0,
-    action_timeout_s=90.0, prefill_waiting_high=2.0, prefill_waiting_low=0.5,
-)  # fmt: skip
+    min_prefill=1,
+    max_prefill=2,
+    min_decode=1,
+    max_decode=2,
+    autoscale_interval_s=0.3,
+    scale_down_window_s=2.0,
+    action_timeout_s=90.0,
+    prefill_waiting_high=2.0,
+    prefill_waiting_low=0.5,
+)
 DECODE_HEAVY = dataclasses.replace(
     PREFILL_HEAVY, prefill_waiting_high=100.0, decode_requests_high=3.0, decode_requests_low=1.5
 )
@@ -59,10 +66,15 @@ TIMELINE_INTERVAL_S = 0.5
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """1 prefill pod and 1 decode pod of at most 2 running requests each (more wait), and the router."""
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, "--max-num-seqs", "2"), log_dir=tmp_path, startup_timeout_s=STARTUP_TIMEOUT_S,
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, "--max-num-seqs", "2"),
+        log_dir=tmp_path,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
         metrics_port=None,
-    )  # fmt: skip
+    )
     with LocalCluster(config) as running:
         yield running
 
@@ -127,12 +139,17 @@ def timeline(cluster: LocalCluster, run_name: str) -> Iterator[None]:
             while not stop.wait(TIMELINE_INTERVAL_S):
                 pods = cluster.pod_infos()
                 live = [p for p in pods if not p.draining]
-                writer.writerow([
-                    run_name, f"{time.monotonic() - started:.2f}", sum(p.role == "prefill" for p in live),
-                    sum(p.role == "decode" for p in live), sum(p.draining for p in pods),
-                    sum(p.num_waiting for p in pods if p.role == "prefill"),
-                    sum(p.num_running + p.num_waiting for p in pods if p.role == "decode"),
-                ])  # fmt: skip
+                writer.writerow(
+                    [
+                        run_name,
+                        f"{time.monotonic() - started:.2f}",
+                        sum(p.role == "prefill" for p in live),
+                        sum(p.role == "decode" for p in live),
+                        sum(p.draining for p in pods),
+                        sum(p.num_waiting for p in pods if p.role == "prefill"),
+                        sum(p.num_running + p.num_waiting for p in pods if p.role == "decode"),
+                    ]
+                )
 
     sampler = threading.Thread(target=sample, name="autoscale-timeline")
     sampler.start()
@@ -147,8 +164,11 @@ def status_pods(cluster: LocalCluster, role: PodRole) -> list[tuple[str, str]]:
     """(pod_id, state) of `role`'s pods as `pdserve status --json` prints them."""
     printed = subprocess.run(
         [sys.executable, "-m", "cli.main", "status", "--redis-url", cluster.redis_url, "--json"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     pods = json.loads(printed.stdout)["pods"]
     return sorted((pod["pod_id"], pod["state"]) for pod in pods if pod["role"] == role)
 
@@ -195,8 +215,9 @@ def scale_out_then_in(
     assert active(cluster, other) == [f"{other}-0"]
     counts = {
         (r, d): autoscaler.registry.get_sample_value(DECISIONS, {"role": r, "direction": d})
-        for r in ("prefill", "decode") for d in ("up", "down")
-    }  # fmt: skip
+        for r in ("prefill", "decode")
+        for d in ("up", "down")
+    }
     assert counts == {(role, "up"): 1, (role, "down"): 1, (other, "up"): None, (other, "down"): None}
 
 
@@ -245,10 +266,23 @@ def test_pdserve_autoscale_kubernetes_publishes_the_target_count_and_exits_on_si
         )
         port = free_port()
         argv = [
-            sys.executable, "-m", "cli.main", "autoscale", "--redis-url", redis.url, "--connector", "kubernetes",
-            "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--autoscale-interval-s", "0.2",
-            "--prefill-waiting-high", "4",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "cli.main",
+            "autoscale",
+            "--redis-url",
+            redis.url,
+            "--connector",
+            "kubernetes",
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+            "--autoscale-interval-s",
+            "0.2",
+            "--prefill-waiting-high",
+            "4",
+        ]
         process = popen_child(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"http://127.0.0.1:{port}/metrics"

@@ -71,9 +71,25 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     port = free_port()
     log_dir = tmp_path_factory.mktemp("pdserve-up-logs")
     stderr_path = log_dir / "pdserve-up.stderr"
-    argv = [*PDSERVE, "up", "--prefill", "1", "--decode", "1", "--port", str(port), "--log-dir", str(log_dir),
-            "--registry-refresh-s", "0.2", "--metrics-port", "0", "--http-port", str(free_port()),
-            *POD_ARGS]  # fmt: skip
+    argv = [
+        *PDSERVE,
+        "up",
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(log_dir),
+        "--registry-refresh-s",
+        "0.2",
+        "--metrics-port",
+        "0",
+        "--http-port",
+        str(free_port()),
+        *POD_ARGS,
+    ]
     env = up_env(tmp_path_factory.mktemp("xdg-runtime"))
     with stderr_path.open("w") as stderr:
         process = popen_child(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True, env=env)
@@ -101,8 +117,17 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 
 def test_pdserve_generate_prints_smollm2s_completion(up: Up, oracle: Oracle) -> None:
-    argv = [*PDSERVE, "generate", "The capital of France is", "--max-tokens", "8", "--temperature", "0",
-            "--address", up.address]  # fmt: skip
+    argv = [
+        *PDSERVE,
+        "generate",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--address",
+        up.address,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{done.stderr}\n{up.logs()}"
     assert done.stdout.startswith(" Paris")
@@ -115,8 +140,9 @@ def test_pdserve_generate_prints_smollm2s_completion(up: Up, oracle: Oracle) -> 
 def test_greedy_output_equals_the_offline_engine_token_for_token(up: Up, oracle: Oracle) -> None:
     expected = oracle.greedy(PROMPTS, MAX_TOKENS)
     with GenerationClient(up.address) as client:
-        completions = run_concurrently(client, [{"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0.0}
-                                                for p in PROMPTS])  # fmt: skip
+        completions = run_concurrently(
+            client, [{"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0.0} for p in PROMPTS]
+        )
     assert [c.token_ids for c in completions] == [e.token_ids for e in expected], up.logs()
     assert [c.text for c in completions] == [e.text for e in expected]
 

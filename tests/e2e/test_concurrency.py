@@ -20,15 +20,33 @@ NUM_BURST_CALLS = 4096
 """Above gRPC's default hard limit (3000) of calls held before the server takes them up."""
 MAX_TOKENS = (1, 3, 6, 10)
 WORDS = [
-    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
-    "while", "seven", "wizards", "quietly", "hex", "bold", "zebras", "at", "dawn",
-]  # fmt: skip
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "hex",
+    "bold",
+    "zebras",
+    "at",
+    "dawn",
+]
 
 
 def make_prompts() -> list[str]:
     """Prompts of about 3 to 90 tokens, each different from its first word on."""
-    return [f"Note {i}: " + " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range((i * 11) % 80)) for i in
-            range(NUM_REQUESTS)]  # fmt: skip
+    return [
+        f"Note {i}: " + " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range((i * 11) % 80))
+        for i in range(NUM_REQUESTS)
+    ]
 
 
 def test_64_concurrent_streams_equal_the_offline_engine(

@@ -37,8 +37,18 @@ def pdserve(*args: str) -> subprocess.CompletedProcess[str]:
 def loading_server() -> Iterator[str]:
     """A stand-in router that serves grpc.health.v1 but stays NOT_SERVING (it "loads" for a minute)."""
     address = f"127.0.0.1:{free_port()}"
-    argv = [sys.executable, STANDIN, "--role", "router", "--port", address.rpartition(":")[2], "--load-s", "60",
-            "--redis-url", "redis://127.0.0.1:1/0"]  # fmt: skip
+    argv = [
+        sys.executable,
+        STANDIN,
+        "--role",
+        "router",
+        "--port",
+        address.rpartition(":")[2],
+        "--load-s",
+        "60",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+    ]
     process = popen_child(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert wait_until(lambda: asyncio.run(check_health(address, timeout_s=1.0)).status == "NOT_SERVING", 30.0)
@@ -62,8 +72,9 @@ def test_health_exits_1_on_an_unknown_service_a_loading_server_and_a_dead_port(
 ) -> None:
     unknown = pdserve("health", cluster.router_address, "--service", "no.such.Service")
     assert (unknown.returncode, unknown.stderr) == (
-        1, f"{cluster.router_address} no.such.Service: SERVICE_UNKNOWN (NOT_FOUND)\n"
-    )  # fmt: skip
+        1,
+        f"{cluster.router_address} no.such.Service: SERVICE_UNKNOWN (NOT_FOUND)\n",
+    )
     loading = pdserve("health", loading_server)
     assert (loading.returncode, loading.stderr) == (1, f"{loading_server}: NOT_SERVING\n")
     dead = f"127.0.0.1:{free_port()}"
@@ -86,27 +97,48 @@ def test_status_json_lists_the_cluster_pods_serving_and_the_router(cluster: Loca
 
 
 def test_status_shows_registry_entries_exactly_and_a_draining_pod() -> None:
-    decode = PodInfo("decode-0", "decode", "10.0.0.7:40001", "smollm2-135m", 17, num_running=2, num_waiting=1,
-                     num_free_blocks=384, num_total_blocks=512)  # fmt: skip
-    prefill = PodInfo("prefill-0", "prefill", "10.0.0.8:40003", "smollm2-135m", 18, draining=True,
-                      num_free_blocks=512, num_total_blocks=512)  # fmt: skip
+    decode = PodInfo(
+        "decode-0",
+        "decode",
+        "10.0.0.7:40001",
+        "smollm2-135m",
+        17,
+        num_running=2,
+        num_waiting=1,
+        num_free_blocks=384,
+        num_total_blocks=512,
+    )
+    prefill = PodInfo(
+        "prefill-0",
+        "prefill",
+        "10.0.0.8:40003",
+        "smollm2-135m",
+        18,
+        draining=True,
+        num_free_blocks=512,
+        num_total_blocks=512,
+    )
     dead_router = f"127.0.0.1:{free_port()}"
     with RedisServer() as redis:
         asyncio.run(_register(redis.url, [decode, prefill]))
         table = pdserve("status", "--redis-url", redis.url, "--router", dead_router)
         shown = pdserve("status", "--redis-url", redis.url, "--json")
-    assert (table.returncode, table.stdout.splitlines()) == (0, [
-        "POD        ROLE     STATE     ADDRESS         RUNNING  WAITING  FREE/TOTAL BLOCKS  KV USED",
-        "decode-0   decode   serving   10.0.0.7:40001        2        1            384/512    25.0%",
-        "prefill-0  prefill  draining  10.0.0.8:40003        0        0            512/512     0.0%",
-        "",
-        f"{'ROUTER':<{len(dead_router)}}  STATE",
-        f"{dead_router}  unreachable",
-    ])  # fmt: skip
+    assert (table.returncode, table.stdout.splitlines()) == (
+        0,
+        [
+            "POD        ROLE     STATE     ADDRESS         RUNNING  WAITING  FREE/TOTAL BLOCKS  KV USED",
+            "decode-0   decode   serving   10.0.0.7:40001        2        1            384/512    25.0%",
+            "prefill-0  prefill  draining  10.0.0.8:40003        0        0            512/512     0.0%",
+            "",
+            f"{'ROUTER':<{len(dead_router)}}  STATE",
+            f"{dead_router}  unreachable",
+        ],
+    )
     assert shown.returncode == 0
     assert [(p["pod_id"], p["state"], p["kv_usage"]) for p in json.loads(shown.stdout)["pods"]] == [
-        ("decode-0", "serving", 0.25), ("prefill-0", "draining", 0.0)
-    ]  # fmt: skip
+        ("decode-0", "serving", 0.25),
+        ("prefill-0", "draining", 0.0),
+    ]
 
 
 def test_status_without_flags_says_that_no_pdserve_up_cluster_runs(tmp_path: Path) -> None:

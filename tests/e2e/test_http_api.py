@@ -48,10 +48,18 @@ OPENAI_VENV = Path("/tmp/openai-venv")
 @pytest.fixture(scope="module")
 def http_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, http_port=free_port(), registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS, router_args=("--max-streams-per-client", "1"), env={"PDSERVE_AUTH_TOKENS": TOKEN},
-        log_dir=tmp_path_factory.mktemp("http-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        http_port=free_port(),
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=POD_ARGS,
+        router_args=("--max-streams-per-client", "1"),
+        env={"PDSERVE_AUTH_TOKENS": TOKEN},
+        log_dir=tmp_path_factory.mktemp("http-cluster-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+    )
     with LocalCluster(config) as cluster:
         yield cluster
 
@@ -103,10 +111,12 @@ def test_completions_equal_the_grpc_api(http: httpx.Client, grpc_client: Generat
     answer = response.json()
     assert answer["choices"][0]["text"] == expected.text
     assert answer["choices"][0]["finish_reason"] == "length"
-    assert answer["usage"] == {"prompt_tokens": expected.usage.prompt_tokens, "completion_tokens": 12,
-                               "total_tokens": expected.usage.prompt_tokens + 12,
-                               "prompt_tokens_details": {"cached_tokens": answer["usage"]["prompt_tokens_details"]
-                                                         ["cached_tokens"]}}  # fmt: skip
+    assert answer["usage"] == {
+        "prompt_tokens": expected.usage.prompt_tokens,
+        "completion_tokens": 12,
+        "total_tokens": expected.usage.prompt_tokens + 12,
+        "prompt_tokens_details": {"cached_tokens": answer["usage"]["prompt_tokens_details"]["cached_tokens"]},
+    }
     events, raw = _stream(http, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
     assert raw.endswith("data: [DONE]\n\n")
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == expected.text
@@ -145,8 +155,14 @@ def test_models_tokenize_detokenize_health_metrics(
 def test_errors_are_openai_shaped(http: httpx.Client, http_cluster: LocalCluster) -> None:
     bad = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 0}, headers=_client_headers())
     assert bad.status_code == 400
-    assert bad.json() == {"error": {"message": "max_tokens: must be >= 1, got 0", "type": "invalid_request_error",
-                                    "param": "max_tokens", "code": "INVALID_ARGUMENT"}}  # fmt: skip
+    assert bad.json() == {
+        "error": {
+            "message": "max_tokens: must be >= 1, got 0",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "INVALID_ARGUMENT",
+        }
+    }
     too_long = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 9000}, headers=_client_headers())
     assert (too_long.status_code, too_long.json()["error"]["param"]) == (400, "max_tokens")
     unsupported = http.post("/v1/completions", json={"prompt": "x", "min_tokens": 2}, headers=_client_headers())
@@ -207,8 +223,11 @@ def test_server_info_and_reflection_v1(
     assert list(info.roles) == ["router", "prefill", "decode"]
     assert sorted(p.pod_id for p in info.pods) == sorted(http_cluster.pod_ids)
     assert (info.model.block_size, info.model.max_model_len, info.num_prefill_pods, info.num_decode_pods) == (
-        16, 8192, 1, 1,
-    )  # fmt: skip
+        16,
+        8192,
+        1,
+        1,
+    )
     assert info.http_port == http_cluster.config.http_port
     with grpc.insecure_channel(http_cluster.router_address) as channel:
         reflect = channel.stream_stream(
@@ -216,14 +235,23 @@ def test_server_info_and_reflection_v1(
             request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
             response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
         )
-        [listed, described] = list(reflect(iter([
-            reflection_pb2.ServerReflectionRequest(list_services=""),
-            reflection_pb2.ServerReflectionRequest(file_containing_symbol="pdserve.v1.GenerationService"),
-        ]), timeout=5))  # fmt: skip
+        [listed, described] = list(
+            reflect(
+                iter(
+                    [
+                        reflection_pb2.ServerReflectionRequest(list_services=""),
+                        reflection_pb2.ServerReflectionRequest(file_containing_symbol="pdserve.v1.GenerationService"),
+                    ]
+                ),
+                timeout=5,
+            )
+        )
     names = {s.name for s in listed.list_services_response.service}
     assert {"pdserve.v1.GenerationService", "grpc.reflection.v1.ServerReflection"} <= names
-    files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
-             for raw in described.file_descriptor_response.file_descriptor_proto]  # fmt: skip
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in described.file_descriptor_response.file_descriptor_proto
+    ]
     [service] = [s for f in files for s in f.service if s.name == "GenerationService"]
     assert {"Abort", "GetServerInfo", "GetLoad"} <= {m.name for m in service.method}
 
@@ -247,18 +275,36 @@ def test_the_openai_sdk_gets_what_the_grpc_api_gets(http_cluster: LocalCluster, 
     script = Path(__file__).parents[2] / "scripts" / "openai_sdk_check.py"
     max_tokens = 12
     checked = subprocess.run(
-        [_openai_python(), script, "--base-url", f"{http_cluster.http_url}/v1", "--api-key", TOKEN,
-         "--prompt", PROMPT, "--chat", MESSAGES[0]["content"], "--max-tokens", str(max_tokens)],
-        capture_output=True, text=True, timeout=300, env={"PATH": os.environ.get("PATH", "")},
-    )  # fmt: skip
+        [
+            _openai_python(),
+            script,
+            "--base-url",
+            f"{http_cluster.http_url}/v1",
+            "--api-key",
+            TOKEN,
+            "--prompt",
+            PROMPT,
+            "--chat",
+            MESSAGES[0]["content"],
+            "--max-tokens",
+            str(max_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     assert checked.returncode == 0, checked.stderr
     got = json.loads(checked.stdout)
     text = run(grpc_client, prompt=PROMPT, max_tokens=max_tokens, temperature=0.0)
     chat = run(grpc_client, messages=MESSAGES, max_tokens=max_tokens, temperature=0.0)
     assert got["models"] == ["smollm2-135m"]
     for key, expected in (("completion", text), ("completion_stream", text), ("chat", chat), ("chat_stream", chat)):
-        usage = {"prompt_tokens": expected.usage.prompt_tokens, "completion_tokens": expected.usage.completion_tokens,
-                 "total_tokens": expected.usage.prompt_tokens + expected.usage.completion_tokens}  # fmt: skip
+        usage = {
+            "prompt_tokens": expected.usage.prompt_tokens,
+            "completion_tokens": expected.usage.completion_tokens,
+            "total_tokens": expected.usage.prompt_tokens + expected.usage.completion_tokens,
+        }
         assert (got[key]["text"], got[key]["usage"]) == (expected.text, usage), key
     assert got["completion_stream"]["num_chunks"] == text.usage.completion_tokens
 

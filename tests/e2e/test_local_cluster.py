@@ -27,9 +27,15 @@ def standin_entry_points(**overrides: tuple[str, ...]) -> dict[Role, tuple[str, 
 
 def config(tmp_path: Path, **kwargs: object) -> ClusterConfig:
     values: dict[str, object] = {
-        "num_prefill": 2, "num_decode": 1, "port": 0, "registry_refresh_s": 0.05, "stop_timeout_s": 5.0,
-        "startup_timeout_s": 30.0, "log_dir": tmp_path, "entry_points": standin_entry_points(),
-    }  # fmt: skip
+        "num_prefill": 2,
+        "num_decode": 1,
+        "port": 0,
+        "registry_refresh_s": 0.05,
+        "stop_timeout_s": 5.0,
+        "startup_timeout_s": 30.0,
+        "log_dir": tmp_path,
+        "entry_points": standin_entry_points(),
+    }
     values.update(kwargs)
     return ClusterConfig(**values)  # type: ignore[arg-type]
 
@@ -54,8 +60,10 @@ def test_start_serves_and_registers_every_pod_then_stop_ends_everything(tmp_path
     try:
         assert cluster.pod_ids == ["prefill-0", "prefill-1", "decode-0"]
         assert [(p.pod_id, p.role) for p in cluster.pod_infos()] == [
-            ("decode-0", "decode"), ("prefill-0", "prefill"), ("prefill-1", "prefill")
-        ]  # fmt: skip
+            ("decode-0", "decode"),
+            ("prefill-0", "prefill"),
+            ("prefill-1", "prefill"),
+        ]
         assert serving(cluster.router_address)
         assert {p.name: p.log_path for p in cluster.pods.values()}["decode-0"] == tmp_path / "decode-0.log"
         processes = [cluster.router, *cluster.pods.values()]

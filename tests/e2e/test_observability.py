@@ -46,7 +46,7 @@ from tests.e2e.support import (
     sequential,
     token_prefix,
     wait_until,
-)  # fmt: skip
+)
 from tests.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pdserve-dashboard.json"
@@ -110,10 +110,17 @@ def receiver() -> Iterator[ThreadedReceiver]:
 def traced(receiver: ThreadedReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """1 prefill + 1 decode + the router, tracing to `receiver` (exported every 100 ms), /metrics on free ports."""
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, registry_refresh_s=REGISTRY_REFRESH_S, pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("traced-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=0, otlp_endpoint=receiver.endpoint, env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
-    )  # fmt: skip
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=POD_ARGS,
+        log_dir=tmp_path_factory.mktemp("traced-cluster-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=0,
+        otlp_endpoint=receiver.endpoint,
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     with LocalCluster(config) as cluster:
         yield cluster
 
@@ -182,8 +189,14 @@ def test_one_trace_per_request_spans_all_three_services_with_links_and_genai_att
     traced: LocalCluster, traced_client: GenerationClient, receiver: ThreadedReceiver
 ) -> None:
     asyncio.run(wait_for_health(traced.router_address, 5.0))
-    completion = run(traced_client, prompt="The capital of France is", max_tokens=4, temperature=0.0,
-                     ignore_eos=True, request_id="trace-me")  # fmt: skip
+    completion = run(
+        traced_client,
+        prompt="The capital of France is",
+        max_tokens=4,
+        temperature=0.0,
+        ignore_eos=True,
+        request_id="trace-me",
+    )
 
     def complete() -> bool:
         services = {s.service for s in trace_of(receiver, "trace-me")}
@@ -217,15 +230,26 @@ def test_one_trace_per_request_spans_all_three_services_with_links_and_genai_att
     assert not [s for s in spans if s.name == DECODE]
     for name in ("decode.admission", "decode.generate"):
         assert one(spans, "decode", name, "INTERNAL").parent_id == generate.span_id
-    assert {key: generate.attributes.get(key) for key in (
-        GEN_AI_OPERATION_NAME, GEN_AI_REQUEST_MODEL, GEN_AI_REQUEST_MAX_TOKENS, GEN_AI_REQUEST_TEMPERATURE,
-        GEN_AI_USAGE_INPUT_TOKENS, GEN_AI_USAGE_OUTPUT_TOKENS, GEN_AI_RESPONSE_FINISH_REASONS,
-    )} == {
-        GEN_AI_OPERATION_NAME: "text_completion", GEN_AI_REQUEST_MODEL: "smollm2-135m",
-        GEN_AI_REQUEST_MAX_TOKENS: 4, GEN_AI_REQUEST_TEMPERATURE: 0.0,
-        GEN_AI_USAGE_INPUT_TOKENS: completion.usage.prompt_tokens, GEN_AI_USAGE_OUTPUT_TOKENS: 4,
+    assert {
+        key: generate.attributes.get(key)
+        for key in (
+            GEN_AI_OPERATION_NAME,
+            GEN_AI_REQUEST_MODEL,
+            GEN_AI_REQUEST_MAX_TOKENS,
+            GEN_AI_REQUEST_TEMPERATURE,
+            GEN_AI_USAGE_INPUT_TOKENS,
+            GEN_AI_USAGE_OUTPUT_TOKENS,
+            GEN_AI_RESPONSE_FINISH_REASONS,
+        )
+    } == {
+        GEN_AI_OPERATION_NAME: "text_completion",
+        GEN_AI_REQUEST_MODEL: "smollm2-135m",
+        GEN_AI_REQUEST_MAX_TOKENS: 4,
+        GEN_AI_REQUEST_TEMPERATURE: 0.0,
+        GEN_AI_USAGE_INPUT_TOKENS: completion.usage.prompt_tokens,
+        GEN_AI_USAGE_OUTPUT_TOKENS: 4,
         GEN_AI_RESPONSE_FINISH_REASONS: ["length"],
-    }  # fmt: skip
+    }
     assert all(s.trace_id == server.trace_id for s in spans)
     assert [s.name for s in receiver.spans if "grpc.health" in s.name or "Health" in s.name] == []
 
@@ -298,6 +322,8 @@ def test_tracing_off_creates_no_exporter_and_costs_no_latency(
             run(which, **request)
             latencies[label].append(time.perf_counter() - started)
     on, off = (statistics.median(latencies[label][1:]) for label in ("on", "off"))
-    print(f"\nmedian end-to-end latency over {NUM_LATENCY_RUNS} requests: tracing on {on * 1e3:.1f} ms, "
-          f"off {off * 1e3:.1f} ms, ratio {on / off:.2f}")  # fmt: skip
+    print(
+        f"\nmedian end-to-end latency over {NUM_LATENCY_RUNS} requests: tracing on {on * 1e3:.1f} ms, "
+        f"off {off * 1e3:.1f} ms, ratio {on / off:.2f}"
+    )
     assert on / off < LATENCY_RATIO_BOUND, (on, off)

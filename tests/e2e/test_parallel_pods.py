@@ -56,10 +56,17 @@ def _tiny_model(name: str, folder: Path, smollm2_path: Path) -> Path:
 def _pair_config(model: Path, log_dir: Path, *pod_args: str, **options: Any) -> ClusterConfig:
     """One prefill and one decode pod of `model` with the e2e pods' flags and `pod_args`."""
     return ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, model=str(model), registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *pod_args), log_dir=log_dir, startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        model=str(model),
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *pod_args),
+        log_dir=log_dir,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
         **options,
-    )  # fmt: skip
+    )
 
 
 def _serve(cluster: LocalCluster, prompts: list[list[int]]) -> list[Stream]:

@@ -33,8 +33,9 @@ def test_two_long_prefixes_use_both_prefill_pods(cluster: LocalCluster, client: 
     # NOTE: a cold prefix goes to its rendezvous winner, so equal prefixes meet; two prefixes picked to
     # win on different pods must then be served by different pods (and stay there once cached).
     prefix_a = token_prefix(seed=2)
-    prefix_b = next(p for p in map(token_prefix, range(3, 100)) if first_choice(p, pod_ids) != first_choice(
-        prefix_a, pod_ids))  # fmt: skip
+    prefix_b = next(
+        p for p in map(token_prefix, range(3, 100)) if first_choice(p, pod_ids) != first_choice(prefix_a, pod_ids)
+    )
     runs_a = sequential(client, prefix_a, 3)
     runs_b = sequential(client, prefix_b, 3)
     runs_a += sequential(client, prefix_a, 1, start=3)

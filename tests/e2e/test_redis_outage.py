@@ -24,7 +24,7 @@ from tests.e2e.support import (
     sequential,
     token_prefix,
     wait_until,
-)  # fmt: skip
+)
 
 PROMPTS = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(6)]
 REQUESTS = [{"prompt": p, "max_tokens": 4, "temperature": 0.0} for p in PROMPTS]

@@ -24,10 +24,15 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def spec_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
         pod_args=(*POD_ARGS, "--speculative-config", json.dumps(SPECULATIVE_CONFIG)),
-        log_dir=tmp_path_factory.mktemp("spec-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=0,
-    )  # fmt: skip
+        log_dir=tmp_path_factory.mktemp("spec-cluster-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=0,
+    )
     with LocalCluster(config) as cluster:
         yield cluster
 

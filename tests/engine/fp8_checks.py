@@ -38,8 +38,9 @@ def check_fp8_gemv(n: int, k: int, dtype: torch.dtype, device: str, seed: int, b
     assert rel_error(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-def check_fp8_gemv_silu_and_mul(n: int, k: int, dtype: torch.dtype, device: str, seed: int, bias: bool,
-                                tiles: Fp8GemvTiles | None = None) -> None:  # fmt: skip
+def check_fp8_gemv_silu_and_mul(
+    n: int, k: int, dtype: torch.dtype, device: str, seed: int, bias: bool, tiles: Fp8GemvTiles | None = None
+) -> None:
     """The gated GEMV (gate_up and SwiGLU in one launch) equals the GEMV then `silu_and_mul`, bit for bit, with the
     same tiles (default: the shape's); `fp8_linear_silu_and_mul` runs it at one row and the two calls above."""
     gen = torch.Generator(device).manual_seed(seed)
@@ -91,8 +92,9 @@ def dequantized(pool: torch.Tensor, kv_scales: tuple[float, float]) -> torch.Ten
     return pool.double() * torch.tensor(kv_scales, device=pool.device, dtype=torch.float64).view(2, 1, 1, 1)
 
 
-def check_fp8_kv_attention(requests: list[tuple[int, int]], heads: tuple[int, int, int], dtype: torch.dtype,
-                           device: str, seed: int) -> None:  # fmt: skip
+def check_fp8_kv_attention(
+    requests: list[tuple[int, int]], heads: tuple[int, int, int], dtype: torch.dtype, device: str, seed: int
+) -> None:
     """Decode and prefill kernels on an fp8 pool against the reference on that pool dequantized."""
     batch = make_batch(requests, heads, dtype, device, seed)
     m = batch.metadata

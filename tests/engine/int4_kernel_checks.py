@@ -35,9 +35,15 @@ FLOAT32_TOLERANCE = 1e-5
 HALF_TOLERANCE = 1e-2
 """Relative error of bf16/fp16 outputs vs float64: activations and output rounded to 8 (bf16) bits."""
 SMALL_QWEN3 = Qwen3Config(
-    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-)  # fmt: skip
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+)
 
 
 def make_case(name: str, n: int, k: int, device: str, seed: int) -> tuple[PackedInt4, torch.Tensor]:
@@ -67,9 +73,13 @@ def random_case(n: int, k: int, act_order: bool, device: str, seed: int) -> tupl
 
 
 def check_int4_linear(
-    case: tuple[PackedInt4, torch.Tensor], m: int, dtype: torch.dtype, bias: bool, seed: int,
+    case: tuple[PackedInt4, torch.Tensor],
+    m: int,
+    dtype: torch.dtype,
+    bias: bool,
+    seed: int,
     config: Int4Config | None = None,
-) -> None:  # fmt: skip
+) -> None:
     packed, weight = case
     gen = torch.Generator(weight.device).manual_seed(seed)
     n, k = weight.shape
@@ -85,9 +95,13 @@ def check_int4_linear(
 
 
 def check_int4_silu_and_mul(
-    case: tuple[PackedInt4, torch.Tensor], m: int, dtype: torch.dtype, bias: bool, seed: int,
+    case: tuple[PackedInt4, torch.Tensor],
+    m: int,
+    dtype: torch.dtype,
+    bias: bool,
+    seed: int,
     config: Int4Config | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """The gated GEMV (gate_up and SwiGLU in one launch) equals `int4_linear` then `silu_and_mul`, bit for bit; a
     config it does not gate (split-K, the GEMM) runs those two calls."""
     packed, weight = case
@@ -136,8 +150,15 @@ def _gemm(block_m: int, block_n: int, groups: int) -> Int4Config:
     return Int4Config("gemm", {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUPS": groups, "GROUP_M": 2})
 
 
-INTERPRETED_CONFIGS = [_gemv(16, 2, 1), _gemv(8, 4, 1), _gemv(16, 1, 3), _gemv(32, 2, 2), _gemm(16, 32, 1),
-                       _gemm(16, 16, 2), Int4Config("dequant", {"BLOCK_N": 16, "GROUPS": 2})]  # fmt: skip
+INTERPRETED_CONFIGS = [
+    _gemv(16, 2, 1),
+    _gemv(8, 4, 1),
+    _gemv(16, 1, 3),
+    _gemv(32, 2, 2),
+    _gemm(16, 32, 1),
+    _gemm(16, 16, 2),
+    Int4Config("dequant", {"BLOCK_N": 16, "GROUPS": 2}),
+]
 """Tiles that leave tails: 48 outputs, 384 inputs (3 groups: split 3 ways, 2 ways over 2-group tiles)."""
 
 

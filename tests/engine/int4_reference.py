@@ -96,9 +96,13 @@ def quantize_projection(
 def quantization_config(fmt: Int4Format, **overrides: object) -> dict[str, object]:
     if fmt.method == "gptq":
         config = {
-            "quant_method": "gptq", "bits": 4, "group_size": GROUP_SIZE, "desc_act": fmt.act_order,
-            "sym": fmt.symmetric, "checkpoint_format": fmt.checkpoint_format,
-        }  # fmt: skip
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": GROUP_SIZE,
+            "desc_act": fmt.act_order,
+            "sym": fmt.symmetric,
+            "checkpoint_format": fmt.checkpoint_format,
+        }
     else:
         config = {"quant_method": "awq", "bits": 4, "group_size": GROUP_SIZE, "zero_point": True, "version": "gemm"}
     return {**config, **overrides}

@@ -89,9 +89,17 @@ def small_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hidden = 1024
     # NOTE: initializer_range hidden^-1/2 gives each projection unit gain, so the layers (not the embedding alone)
     # shape the logits and their quantization error shows.
-    config = Qwen3Config(vocab_size=4096, hidden_size=hidden, intermediate_size=3072, num_hidden_layers=4,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
-                         initializer_range=hidden**-0.5)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=4096,
+        hidden_size=hidden,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        initializer_range=hidden**-0.5,
+    )
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("qwen3-small")
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
@@ -123,8 +131,10 @@ def test_fp8_prompt_logits_within_bounds_of_bf16(small_qwen3: Path) -> None:
         same = sum(a == b for f, c in zip(free_run, continuations, strict=True) for a, b in zip(f, c, strict=True))
         error = torch.cat([e.flatten() for e in errors])
         total = NUM_PROMPTS * NEW_TOKENS
-        print(f"{name}: |dlogit|/std mean {error.mean():.4f} max {error.max():.3f}; greedy agreement teacher-forced "
-              f"{agreed}/{total} = {agreed / total:.1%}, free-running {same}/{total} = {same / total:.1%}")  # fmt: skip
+        print(
+            f"{name}: |dlogit|/std mean {error.mean():.4f} max {error.max():.3f}; greedy agreement teacher-forced "
+            f"{agreed}/{total} = {agreed / total:.1%}, free-running {same}/{total} = {same / total:.1%}"
+        )
         measured[name] = (error.mean().item(), error.max().item())
         del engine
         torch.cuda.empty_cache()

@@ -20,9 +20,19 @@ from engine.layers.triton_rope import _qk_norm_rope_store_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # NOTE: argument types by name; every other pointer is the model dtype's, other scalars are int32.
-POINTERS = {"cache_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
-            "block_table_ptr": "*i32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "slot_mapping_ptr": "*i64",
-            "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "scale_ptr": "*fp32"}  # fmt: skip
+POINTERS = {
+    "cache_ptr": "*fp8e4nv",
+    "w_ptr": "*fp8e4nv",
+    "query_start_loc_ptr": "*i32",
+    "seq_lens_ptr": "*i32",
+    "block_table_ptr": "*i32",
+    "part_out_ptr": "*fp32",
+    "part_lse_ptr": "*fp32",
+    "slot_mapping_ptr": "*i64",
+    "positions_ptr": "*i64",
+    "cos_sin_ptr": "*fp32",
+    "scale_ptr": "*fp32",
+}
 FLOATS = {"qk_scale", "k_scale", "v_scale", "eps"}
 
 
@@ -60,8 +70,15 @@ def test_fp8_gemv_k_loop_has_no_barrier() -> None:
     assert tiles is not None
     # NOTE: the gated GEMV (SwiGLU after the loop) has the same loop.
     for pdl, gated in ((False, False), (True, False), (False, True)):
-        constexprs = {"HAS_BIAS": False, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "UNROLL": 1, "VEC": 8,
-                      "PDL": pdl, "GATED": gated}  # fmt: skip
+        constexprs = {
+            "HAS_BIAS": False,
+            "BLOCK_N": tiles.block_n,
+            "BLOCK_K": tiles.block_k,
+            "UNROLL": 1,
+            "VEC": 8,
+            "PDL": pdl,
+            "GATED": gated,
+        }
         ptx = compile_for_hopper(_fp8_gemv_kernel, constexprs, tiles.num_warps)
         loop = ptx[ptx.index("Inner Loop Header") :]
         loop = loop[: loop.index("bra")]

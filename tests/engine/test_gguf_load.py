@@ -62,12 +62,15 @@ def test_each_supported_tensor_type_dequantizes_exactly(tmp_path: Path) -> None:
     q8 = np.tile(np.concatenate([[-127, 127], np.arange(-15, 15)]).astype(np.float32), 8).reshape(2, 128)
     f16 = (np.arange(64, dtype=np.float16) / 8).reshape(2, 32)
     f32 = np.linspace(-1, 1, 32, dtype=np.float32)
-    _write_gguf(tmp_path / "t.gguf", {
-        "blk.0.attn_q.weight": (quants.quantize(q4, GGMLQuantizationType.Q4_0), GGMLQuantizationType.Q4_0),
-        "blk.0.ffn_down.weight": (quants.quantize(q8, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0),
-        "blk.0.attn_k.weight": (f16, GGMLQuantizationType.F16),
-        "blk.0.attn_norm.weight": (f32, GGMLQuantizationType.F32),
-    })  # fmt: skip
+    _write_gguf(
+        tmp_path / "t.gguf",
+        {
+            "blk.0.attn_q.weight": (quants.quantize(q4, GGMLQuantizationType.Q4_0), GGMLQuantizationType.Q4_0),
+            "blk.0.ffn_down.weight": (quants.quantize(q8, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0),
+            "blk.0.attn_k.weight": (f16, GGMLQuantizationType.F16),
+            "blk.0.attn_norm.weight": (f32, GGMLQuantizationType.F32),
+        },
+    )
     # NOTE: qwen3 stores q/k as they are (only llama's are permuted), so the arch config is not read.
     loaded = dict(gguf_tensors(tmp_path / "t.gguf", None))  # type: ignore[arg-type]
     assert torch.equal(loaded["model.layers.0.self_attn.q_proj.weight"], torch.from_numpy(q4))

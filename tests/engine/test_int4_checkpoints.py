@@ -21,9 +21,14 @@ from tests.engine.model_factory import hf_greedy, make_prompts
 from tests.engine.quant_support import greedy
 
 _SHAPE = dict(
-    vocab_size=512, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512,
-)  # fmt: skip
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 FORMATS = {
     "gptq": Int4Format("gptq"),
     "gptq-act-order": Int4Format("gptq", act_order=True),

@@ -28,9 +28,15 @@ from tests.engine.quant_support import greedy, prompt_logits
 pytestmark = pytest.mark.gpu
 
 SHAPE = Qwen3Config(
-    vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=128, max_position_embeddings=1024,
-)  # fmt: skip
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    max_position_embeddings=1024,
+)
 MEAN_LOGIT_ERROR_PER_STD = 0.03
 MAX_LOGIT_ERROR_PER_STD = 0.2
 NEW_TOKENS = 32
@@ -68,8 +74,10 @@ def test_int4_logits_match_bf16_on_the_same_dequantized_weights(folders: dict[st
     mean_error = max(float((a - b).abs().mean() / std) for a, b in zip(int4_logits, dense_logits, strict=True))
     max_error = max(float((a - b).abs().max() / std) for a, b in zip(int4_logits, dense_logits, strict=True))
     same = sum(a == b for x, y in zip(int4_tokens, dense_tokens, strict=True) for a, b in zip(x, y, strict=True))
-    print(f"int4 vs bf16 on the same weights: mean |d logit| {mean_error:.4f} std, max {max_error:.4f} std; "
-          f"greedy tokens equal {same}/{len(prompts) * NEW_TOKENS}")  # fmt: skip
+    print(
+        f"int4 vs bf16 on the same weights: mean |d logit| {mean_error:.4f} std, max {max_error:.4f} std; "
+        f"greedy tokens equal {same}/{len(prompts) * NEW_TOKENS}"
+    )
     assert mean_error <= MEAN_LOGIT_ERROR_PER_STD and max_error <= MAX_LOGIT_ERROR_PER_STD
 
 
@@ -86,6 +94,8 @@ def test_int4_greedy_agreement_with_unquantized_bf16(folders: dict[str, Path]) -
         predicted = prompt_logits(int4, prompt + tokens)[len(prompt) - 1 : -1].argmax(dim=-1).tolist()
         agreed += sum(p == t for p, t in zip(predicted, tokens, strict=True))
     rate = agreed / (len(prompts) * NEW_TOKENS)
-    print(f"int4 greedy agreement with unquantized bf16 (teacher-forced): {agreed}/{len(prompts) * NEW_TOKENS} = "
-          f"{rate:.1%}")  # fmt: skip
+    print(
+        f"int4 greedy agreement with unquantized bf16 (teacher-forced): {agreed}/{len(prompts) * NEW_TOKENS} = "
+        f"{rate:.1%}"
+    )
     assert agreed > 0

@@ -39,8 +39,19 @@ def compile_for_hopper(
 def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
     """The float32 GEMV with split-K and programmatic dependent launch: the loop has no barrier or shared memory;
     the first weight tile is loaded before the wait for the previous kernel, x after it."""
-    constexprs = {"HAS_PERM": False, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": True, "HALF2": False,
-                  "MAGIC": 0, "ASM": True, "EVEN": False, "PDL": True, "GATED": False}  # fmt: skip
+    constexprs = {
+        "HAS_PERM": False,
+        "HAS_BIAS": False,
+        "BLOCK_N": 16,
+        "GROUPS": 4,
+        "PARTIAL": True,
+        "HALF2": False,
+        "MAGIC": 0,
+        "ASM": True,
+        "EVEN": False,
+        "PDL": True,
+        "GATED": False,
+    }
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out="*fp32").asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]
@@ -52,8 +63,9 @@ def test_split_k_gemv_loop_streams_16_byte_words_without_barriers() -> None:
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize(("act", "magic", "packed_fma"), [("*bf16", 0x43004300, "fma.rn.bf16x2"),
-                                                         ("*fp16", 0x64006400, "fma.rn.f16x2")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("act", "magic", "packed_fma"), [("*bf16", 0x43004300, "fma.rn.bf16x2"), ("*fp16", 0x64006400, "fma.rn.f16x2")]
+)
 def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_two_words(
     act: str, magic: int, packed_fma: str, gated: bool
 ) -> None:
@@ -61,8 +73,19 @@ def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_two_words(
     word 8 packed FMAs (4 zero subtractions, 4 products), per two words one more (their sums added), one float add
     (the widening) and one float FMA (the group scale); no float multiply, no barrier or shared-memory load. The
     gated variant (SwiGLU after the loop) has the same loop."""
-    constexprs = {"HAS_PERM": True, "HAS_BIAS": False, "BLOCK_N": 16, "GROUPS": 4, "PARTIAL": False, "HALF2": True,
-                  "MAGIC": magic, "ASM": True, "EVEN": True, "PDL": False, "GATED": gated}  # fmt: skip
+    constexprs = {
+        "HAS_PERM": True,
+        "HAS_BIAS": False,
+        "BLOCK_N": 16,
+        "GROUPS": 4,
+        "PARTIAL": False,
+        "HALF2": True,
+        "MAGIC": magic,
+        "ASM": True,
+        "EVEN": True,
+        "PDL": False,
+        "GATED": gated,
+    }
     ptx = compile_for_hopper(_int4_gemv_kernel, constexprs, 4, out=act, act=act).asm["ptx"]
     loop = ptx[ptx.index("$L__BB0_") :]
     loop = loop[: loop.rindex("bra")]
@@ -72,8 +95,15 @@ def test_half2_gemv_loop_does_packed_math_and_one_float_fma_per_two_words(
 
 
 def test_gemm_uses_wgmma_and_dequant_compiles() -> None:
-    constexprs = {"HAS_PERM": True, "HAS_BIAS": True, "BLOCK_M": 128, "BLOCK_N": 128, "GROUPS": 1, "GROUP_M": 8,
-                  "DOT_PRECISION": "tf32"}  # fmt: skip
+    constexprs = {
+        "HAS_PERM": True,
+        "HAS_BIAS": True,
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "GROUPS": 1,
+        "GROUP_M": 8,
+        "DOT_PRECISION": "tf32",
+    }
     gemm = compile_for_hopper(_int4_gemm_kernel, constexprs, 8)
     assert "wgmma.mma_async" in gemm.asm["ptx"] and gemm.metadata.shared <= 228 * 1024
     compile_for_hopper(_int4_dequant_kernel, {"BLOCK_N": 16, "GROUPS": 4}, 4)

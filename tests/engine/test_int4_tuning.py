@@ -12,8 +12,18 @@ from engine.layers.quant.int4_tuning import Int4Config, heuristic_config, row_bu
 
 
 def test_rows_go_to_the_smallest_bucket_that_holds_them() -> None:
-    assert [row_bucket(m) for m in (1, 2, 3, 5, 16, 17, 65, 256, 257, 4096)] == [1, 2, 4, 8, 16, 64, 256, 256,
-                                                                               2048, 2048]  # fmt: skip
+    assert [row_bucket(m) for m in (1, 2, 3, 5, 16, 17, 65, 256, 257, 4096)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        64,
+        256,
+        256,
+        2048,
+        2048,
+    ]
 
 
 def test_table_entries_win_over_the_heuristic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

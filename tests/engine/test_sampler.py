@@ -154,7 +154,11 @@ def test_same_seed_same_tokens_alone_or_in_any_batch() -> None:
 def test_position_seeds_are_pinned_63_bit_values() -> None:
     # NOTE: pinned: changing the mix changes every seeded request's tokens.
     assert [position_seed(0, 0), position_seed(1234, 7), position_seed(1234, 8), position_seed(-5, 3)] == [
-        3119036373970289394, 5952960657694147797, 7490526303529369106, 5114786405218029739]  # fmt: skip
+        3119036373970289394,
+        5952960657694147797,
+        7490526303529369106,
+        5114786405218029739,
+    ]
 
 
 def test_a_seeded_draw_depends_on_its_seed_and_position_only() -> None:

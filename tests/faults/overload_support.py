@@ -126,8 +126,10 @@ def closed_loop(
     the time until the last one ended."""
     start_at = time.time() + CLIENT_START_S
     with _client_pool(num_processes) as pool:
-        parts = [pool.submit(_client_process, cluster.router_address, n, max_tokens, start_at, duration_s)
-                 for n in _shares(concurrency, num_processes)]  # fmt: skip
+        parts = [
+            pool.submit(_client_process, cluster.router_address, n, max_tokens, start_at, duration_s)
+            for n in _shares(concurrency, num_processes)
+        ]
         time.sleep(max(start_at - time.time(), 0.0))
         cpu_before = cpu_s(cluster)
         results = [part.result() for part in parts]

@@ -43,10 +43,16 @@ def fault_cluster(
     """Redis, the pods (the e2e tests' flags, then `pod_args`: a flag given again overrides) and a router started
     with `router_args`, as real processes, stopped afterwards."""
     config = ClusterConfig(
-        num_prefill=num_prefill, num_decode=num_decode, port=0, registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *pod_args), router_args=tuple(router_args), log_dir=log_dir,
-        startup_timeout_s=STARTUP_TIMEOUT_S, metrics_port=None,
-    )  # fmt: skip
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *pod_args),
+        router_args=tuple(router_args),
+        log_dir=log_dir,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+    )
     with LocalCluster(config) as cluster:
         yield cluster
 

@@ -76,8 +76,10 @@ def test_100_cancelled_streams_kv_baseline_within_2_s_and_throughput_kept(tmp_pa
         cancel_storm(cluster.router_address, 100, seed=1)
         back_s = seconds_until(lambda: kv_at_baseline(cluster), 30.0)
         after = closed_loop(cluster, 8, max_tokens=16, duration_s=15.0)
-        print(f"KV back to baseline {back_s} s after the last cancel; throughput {before.goodput:.1f} -> "
-              f"{after.goodput:.1f} tokens/s, {before.tokens_per_cpu_s:.2f} -> {after.tokens_per_cpu_s:.2f} tokens "
-              "per CPU second")  # fmt: skip
+        print(
+            f"KV back to baseline {back_s} s after the last cancel; throughput {before.goodput:.1f} -> "
+            f"{after.goodput:.1f} tokens/s, {before.tokens_per_cpu_s:.2f} -> {after.tokens_per_cpu_s:.2f} tokens "
+            "per CPU second"
+        )
         assert back_s is not None and back_s <= KV_BOUND_S, back_s
         assert abs(after.tokens_per_cpu_s - before.tokens_per_cpu_s) <= 0.1 * before.tokens_per_cpu_s

@@ -61,26 +61,44 @@ CHAT = generation_pb2.ChatMessages
 MESSAGE = generation_pb2.ChatMessage
 GENERATE_VALUES: dict[str, list[Any]] = {
     **{f"sampling_params.{name}": values for name, values in SAMPLING.items()},
-    "text": ["", "Hi", "The capital of France is", "\x00" * 8, "🙂" * 50, " hello" * 9000, "x" * 2_000_000,
-             "y" * 5_000_000],
-    "messages": [CHAT(), CHAT(messages=[MESSAGE(role="user", content="Hi")]), CHAT(messages=[MESSAGE()]),
-                 CHAT(messages=[MESSAGE(role="user", content="hi")] * 40),
-                 CHAT(messages=[MESSAGE(role="user", content="z" * 1_100_000)])],
+    "text": [
+        "",
+        "Hi",
+        "The capital of France is",
+        "\x00" * 8,
+        "🙂" * 50,
+        " hello" * 9000,
+        "x" * 2_000_000,
+        "y" * 5_000_000,
+    ],
+    "messages": [
+        CHAT(),
+        CHAT(messages=[MESSAGE(role="user", content="Hi")]),
+        CHAT(messages=[MESSAGE()]),
+        CHAT(messages=[MESSAGE(role="user", content="hi")] * 40),
+        CHAT(messages=[MESSAGE(role="user", content="z" * 1_100_000)]),
+    ],
     "token_ids.token_ids": [[], [0], [1, 2, 3], [49152], [U32], [1] * 8192, [1] * 9000],
     "request_id": ["", "ok-1", "a b", "é", "x" * 300, "\n"],
     "cache_salt": ["", "tenant", "x" * 300],
-}  # fmt: skip
+}
 GENERATE_BASE = generation_pb2.GenerateRequest(text="Hi", sampling_params=sampling_pb2.SamplingParams(max_tokens=1))
 
 LAYOUT = kv_transfer_pb2.KVLayout(
     dtype="float32", block_size=16, num_layers=30, num_kv_heads=3, head_dim=64, block_nbytes=737280
 )
 PREFILL_BASE = prefill_pb2.PrefillRequest(
-    request_id="fuzz", prompt_token_ids=list(range(1000, 1020)),
+    request_id="fuzz",
+    prompt_token_ids=list(range(1000, 1020)),
     sampling_params=sampling_pb2.SamplingParams(max_tokens=2),
-    kv_target=kv_transfer_pb2.KVTarget(transfer_id="fuzz-t", backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
-                                       endpoint="127.0.0.1:1", block_ids=[0, 1], layout=LAYOUT),
-)  # fmt: skip
+    kv_target=kv_transfer_pb2.KVTarget(
+        transfer_id="fuzz-t",
+        backend=kv_transfer_pb2.TRANSFER_BACKEND_TCP,
+        endpoint="127.0.0.1:1",
+        block_ids=[0, 1],
+        layout=LAYOUT,
+    ),
+)
 PREFILL_VALUES: dict[str, list[Any]] = {
     **{f"sampling_params.{name}": values for name, values in SAMPLING.items()},
     "prompt_token_ids": [[], [U32], [1] * 9000, [1] * 40],
@@ -123,25 +141,51 @@ def _fuzz(cluster: LocalCluster, num_router: int, num_pod: int) -> dict[str, Any
     """Every target's report; asserts the contract for each, then that nothing died and KV went back to idle."""
     pods = {p.role: p.address for p in cluster.pod_infos()}
     targets = [
-        ("router Generate", cluster.router_address, "/pdserve.v1.GenerationService/Generate", True,
-         _cases(1, num_router, GENERATE_BASE, GENERATE_VALUES), generation_pb2.GenerateRequest.DESCRIPTOR),
-        ("prefill Prefill", pods["prefill"], "/pdserve.v1.PrefillService/Prefill", True,
-         _cases(2, num_pod, PREFILL_BASE, PREFILL_VALUES), prefill_pb2.PrefillRequest.DESCRIPTOR),
-        ("decode Reserve", pods["decode"], "/pdserve.v1.DecodeService/Reserve", False,
-         _cases(3, num_pod, decode_pb2.ReserveRequest(num_prompt_tokens=20, max_tokens=2), RESERVE_VALUES),
-         decode_pb2.ReserveRequest.DESCRIPTOR),
-        ("decode Release", pods["decode"], "/pdserve.v1.DecodeService/Release", False,
-         _cases(5, num_pod, decode_pb2.ReleaseRequest(transfer_id="t"), RELEASE_VALUES),
-         decode_pb2.ReleaseRequest.DESCRIPTOR),
-    ]  # fmt: skip
+        (
+            "router Generate",
+            cluster.router_address,
+            "/pdserve.v1.GenerationService/Generate",
+            True,
+            _cases(1, num_router, GENERATE_BASE, GENERATE_VALUES),
+            generation_pb2.GenerateRequest.DESCRIPTOR,
+        ),
+        (
+            "prefill Prefill",
+            pods["prefill"],
+            "/pdserve.v1.PrefillService/Prefill",
+            True,
+            _cases(2, num_pod, PREFILL_BASE, PREFILL_VALUES),
+            prefill_pb2.PrefillRequest.DESCRIPTOR,
+        ),
+        (
+            "decode Reserve",
+            pods["decode"],
+            "/pdserve.v1.DecodeService/Reserve",
+            False,
+            _cases(3, num_pod, decode_pb2.ReserveRequest(num_prompt_tokens=20, max_tokens=2), RESERVE_VALUES),
+            decode_pb2.ReserveRequest.DESCRIPTOR,
+        ),
+        (
+            "decode Release",
+            pods["decode"],
+            "/pdserve.v1.DecodeService/Release",
+            False,
+            _cases(5, num_pod, decode_pb2.ReleaseRequest(transfer_id="t"), RELEASE_VALUES),
+            decode_pb2.ReleaseRequest.DESCRIPTOR,
+        ),
+    ]
     figures: dict[str, Any] = {}
     for name, address, method, streaming, cases, descriptor in targets:
         started = time.monotonic()
         report = send_all(address, method, streaming, cases, descriptor)
         seconds = time.monotonic() - started
         assert report.bad == [], f"{name}: {len(report.bad)} bad answers, first: {report.bad[:5]}"
-        figures[name] = {"cases": len(cases), "s": round(seconds, 1), "codes": dict(report.codes),
-                         "fields": len(report.fields)}  # fmt: skip
+        figures[name] = {
+            "cases": len(cases),
+            "s": round(seconds, 1),
+            "codes": dict(report.codes),
+            "fields": len(report.fields),
+        }
     started = time.monotonic()
     report = send_all_frames(
         pods["decode"],

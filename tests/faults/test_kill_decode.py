@@ -73,8 +73,14 @@ def _kill_mid_stream(
     the seeded stream's decode pod. Checks every stream against an unfailed run; returns the figures."""
     prompts = [random_prompt(seed, PROMPT_TOKENS) for seed in range(num_greedy)]
     expected = [output.token_ids for output in oracle.greedy(prompts, num_tokens)]
-    seeded = {"token_ids": random_prompt(1000, PROMPT_TOKENS), "max_tokens": num_tokens, "temperature": 1.0,
-              "top_p": 0.95, "seed": 1234, "ignore_eos": True}  # fmt: skip
+    seeded = {
+        "token_ids": random_prompt(1000, PROMPT_TOKENS),
+        "max_tokens": num_tokens,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     unfailed_seeded = run(client, **seeded).token_ids
     assert seconds_until(lambda: kv_at_baseline(cluster, "decode"), KV_BASELINE_TIMEOUT_S) is not None
 
@@ -82,8 +88,7 @@ def _kill_mid_stream(
     assert seconds_until(lambda: _decode_pod_running_one(cluster) is not None, 60.0) is not None
     victim = _decode_pod_running_one(cluster)
     assert victim is not None
-    greedy = [{"token_ids": prompt, "max_tokens": num_tokens, "temperature": 0.0}
-              for prompt in prompts]  # fmt: skip
+    greedy = [{"token_ids": prompt, "max_tokens": num_tokens, "temperature": 0.0} for prompt in prompts]
     streams = [seeded_stream, *start_streams(client, greedy)]
     assert seconds_until(lambda: all(len(s.token_ids) >= 4 for s in streams), 120.0) is not None
     killed_at = kill_pod(cluster, victim)

@@ -88,8 +88,15 @@ def test_forty_requests_succeed_across_a_redis_restart_and_directory_routing_res
     kv_s = time.monotonic() - started
     with GenerationClient(input_cluster.router_address) as client:
         assert answers_paris(client) == PARIS
-    print(json.dumps({
-        "requests": NUM_CLIENTS * REQUESTS_PER_CLIENT, "failed": 0, "redis_down_s": OUTAGE_S,
-        "completed_while_down": num_during, "pods_registered_and_seen_after_s": round(registered_s, 1),
-        "kv_back_to_baseline_s": round(kv_s, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "requests": NUM_CLIENTS * REQUESTS_PER_CLIENT,
+                "failed": 0,
+                "redis_down_s": OUTAGE_S,
+                "completed_while_down": num_during,
+                "pods_registered_and_seen_after_s": round(registered_s, 1),
+                "kv_back_to_baseline_s": round(kv_s, 1),
+            }
+        )
+    )

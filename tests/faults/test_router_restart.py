@@ -79,11 +79,12 @@ def test_clients_retrying_on_unavailable_are_served_after_a_router_restart(input
         assert [ids for _, ids in c.successes] == [tokens] * REQUESTS_PER_CLIENT
     first_after = min(t for c in clients for t, _ in c.successes if t > killed)
     figures = {
-        "requests": NUM_CLIENTS * REQUESTS_PER_CLIENT, "failed": 0,
+        "requests": NUM_CLIENTS * REQUESTS_PER_CLIENT,
+        "failed": 0,
         "retries_on_unavailable": sum(c.num_retries for c in clients),
         "router_serving_after_s": round(serving_after_s, 1),
         "gap_kill_to_first_success_s": round(first_after - killed, 1),
-    }  # fmt: skip
+    }
     assert wait_until(lambda: kv_at_baseline(input_cluster), 30.0), input_cluster.pod_infos()
     with GenerationClient(input_cluster.router_address) as client:
         assert answers_paris(client) == PARIS

@@ -127,8 +127,12 @@ def test_sigstop_a_decode_pod_for_twice_its_lease(
     log = process.log_path.read_text()
     assert "ended expired before its claim" in log
     figures = {
-        "streams": 5, "migrated": migrated, "failed": 0, "done_after_sigstop_s": round(done_after_stop_s, 2),
-        "victim_serves_again_after_s": round(served_again_s, 2), "kv_back_s": round(kv_back, 2),
-    }  # fmt: skip
+        "streams": 5,
+        "migrated": migrated,
+        "failed": 0,
+        "done_after_sigstop_s": round(done_after_stop_s, 2),
+        "victim_serves_again_after_s": round(served_again_s, 2),
+        "kv_back_s": round(kv_back, 2),
+    }
     record_property("figures", figures)
     print(figures)

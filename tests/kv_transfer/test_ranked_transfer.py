@@ -34,9 +34,13 @@ TP2 = [KVRank(0, 2), KVRank(1, 2)]
 
 
 def _pair(
-    backend: Backend, src: list[torch.Tensor], dst: list[torch.Tensor], ranks: list[KVRank], finished: HookRecorder,
+    backend: Backend,
+    src: list[torch.Tensor],
+    dst: list[torch.Tensor],
+    ranks: list[KVRank],
+    finished: HookRecorder,
     released: HookRecorder,
-) -> tuple[RankedSender, RankedReceiver]:  # fmt: skip
+) -> tuple[RankedSender, RankedReceiver]:
     receivers = [backend.receiver(pool, rank=rank) for pool, rank in zip(dst, ranks, strict=True)]
     senders = [backend.sender(pool, rank=rank) for pool, rank in zip(src, ranks, strict=True)]
     return RankedSender(senders, finished), RankedReceiver(receivers, released)
@@ -92,15 +96,17 @@ def test_pp2_stages_of_other_layer_counts_ship_stage_to_stage(finished: HookReco
 
 def test_other_parallel_sizes_are_refused_naming_both() -> None:
     prefill = KVLayout("float32", 16, 2, 1, 8, tp_size=2)
-    with pytest.raises(LayoutMismatchError, match="tensor_parallel_size 2 on the prefill pod differs from 1 on the "
-                                                  "decode pod") as caught:  # fmt: skip
+    with pytest.raises(
+        LayoutMismatchError, match="tensor_parallel_size 2 on the prefill pod differs from 1 on the decode pod"
+    ) as caught:
         check_transfer_layouts(prefill, KVLayout("float32", 16, 2, 2, 8))
     assert caught.value.fields == ("tp_size",)
     with pytest.raises(LayoutMismatchError, match="pipeline_parallel_size 1 on the prefill pod differs from 2"):
         check_transfer_layouts(KVLayout("float32", 16, 2, 2, 8), KVLayout("float32", 16, 1, 2, 8, pp_size=2))
     with pytest.raises(LayoutMismatchError, match="tp_rank: 1 vs 0"):
-        check_transfer_layouts(KVLayout("float32", 16, 2, 1, 8, 1.0, 1.0, 1, 2), KVLayout("float32", 16, 2, 1, 8, 1.0,
-                                                                                          1.0, 0, 2))  # fmt: skip
+        check_transfer_layouts(
+            KVLayout("float32", 16, 2, 1, 8, 1.0, 1.0, 1, 2), KVLayout("float32", 16, 2, 1, 8, 1.0, 1.0, 0, 2)
+        )
     with pytest.raises(InvalidArgumentError, match="tp_rank"):
         KVLayout("float32", 16, 2, 1, 8, tp_rank=2, tp_size=2)
     assert KVLayout.from_dict(prefill.to_dict()) == prefill

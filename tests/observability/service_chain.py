@@ -195,13 +195,17 @@ async def start_chain(stack: AsyncExitStack, router: Tracing, prefill: Tracing, 
     """Start decode, prefill and router services; everything stops with `stack`."""
     decode_servicer = DecodeLike(decode)
     decode_address = await serve(
-        stack, decode, lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(decode_servicer, s),
+        stack,
+        decode,
+        lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(decode_servicer, s),
         "pdserve.v1.DecodeService",
-    )  # fmt: skip
+    )
     prefill_address = await serve(
-        stack, prefill, lambda s: prefill_pb2_grpc.add_PrefillServiceServicer_to_server(PrefillLike(prefill), s),
+        stack,
+        prefill,
+        lambda s: prefill_pb2_grpc.add_PrefillServiceServicer_to_server(PrefillLike(prefill), s),
         "pdserve.v1.PrefillService",
-    )  # fmt: skip
+    )
     interceptors = router.client_interceptors()
     prefill_channel = grpc.aio.insecure_channel(prefill_address, interceptors=interceptors)
     decode_channel = grpc.aio.insecure_channel(decode_address, interceptors=interceptors)
@@ -209,7 +213,9 @@ async def start_chain(stack: AsyncExitStack, router: Tracing, prefill: Tracing, 
     stack.push_async_callback(decode_channel.close)
     servicer = RouterLike(router, prefill_channel, decode_channel)
     router_address = await serve(
-        stack, router, lambda s: generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, s),
+        stack,
+        router,
+        lambda s: generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, s),
         "pdserve.v1.GenerationService",
-    )  # fmt: skip
+    )
     return Chain(router_address, decode_servicer)

@@ -131,9 +131,13 @@ def test_engine_state_sets_gauges_and_advances_counters_by_the_change_of_the_tot
         running: int, waiting: int, usage: float, queries: int, hits: int, preemptions: int
     ) -> Callable[[], None]:
         return lambda: pod.set_engine_state(
-            num_running=running, num_waiting=waiting, kv_cache_usage=usage,
-            prefix_cache_queries=queries, prefix_cache_hits=hits, num_preemptions=preemptions,
-        )  # fmt: skip
+            num_running=running,
+            num_waiting=waiting,
+            kv_cache_usage=usage,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=preemptions,
+        )
 
     assert _moved(pod, state(3, 2, 0.25, 100, 40, 1)) == _merge(
         _set("num_requests_running", 3, "prefill"),

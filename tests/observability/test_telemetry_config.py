@@ -76,9 +76,13 @@ def test_unknown_protocol_in_the_environment_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"otlp_endpoint": ""}, "otlp_endpoint"), ({"otlp_protocol": "udp"}, "otlp_protocol"),
-     ({"metrics_port": 65536}, "metrics_port"), ({"metrics_port": -1}, "metrics_port")],
-)  # fmt: skip
+    [
+        ({"otlp_endpoint": ""}, "otlp_endpoint"),
+        ({"otlp_protocol": "udp"}, "otlp_protocol"),
+        ({"metrics_port": 65536}, "metrics_port"),
+        ({"metrics_port": -1}, "metrics_port"),
+    ],
+)
 def test_invalid_config_names_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         TelemetryConfig(**kwargs)
@@ -130,7 +134,9 @@ async def test_exporter_follows_the_protocol(
         assert span.is_recording()
         resource = span.resource.attributes  # type: ignore[attr-defined]
     assert (resource["service.name"], resource["service.instance.id"], resource["pdserve.role"]) == (
-        "custom", "decode-1", "decode",
-    )  # fmt: skip
+        "custom",
+        "decode-1",
+        "decode",
+    )
     assert _RecordingExporter.made == [made]
     await tracing.aclose()

@@ -138,10 +138,16 @@ async def test_one_trace_per_request_with_parent_links_across_three_services() -
             if span.kind in ("SERVER", "CLIENT"):
                 service, method = span.name.split("/")
                 assert span.attributes == {
-                    "rpc.system": "grpc", "rpc.service": service, "rpc.method": method, "rpc.grpc.status_code": 0,
-                    **({"gen_ai.usage.output_tokens": 3, "gen_ai.response.finish_reasons": ["stop"]}
-                       if span.name == GENERATE and span.kind == "SERVER" else {}),
-                }  # fmt: skip
+                    "rpc.system": "grpc",
+                    "rpc.service": service,
+                    "rpc.method": method,
+                    "rpc.grpc.status_code": 0,
+                    **(
+                        {"gen_ai.usage.output_tokens": 3, "gen_ai.response.finish_reasons": ["stop"]}
+                        if span.name == GENERATE and span.kind == "SERVER"
+                        else {}
+                    ),
+                }
         assert _one(in_trace, "pdserve-router", "INTERNAL", "route").attributes == {
             "gen_ai.operation.name": "text_completion",
             "gen_ai.request.model": "test-model",
@@ -223,9 +229,11 @@ async def test_tracing_off_sends_no_trace_metadata_even_inside_a_valid_context()
     servicer = DecodeLike(tracing)
     async with AsyncExitStack() as stack:
         address = await serve(
-            stack, tracing, lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s),
+            stack,
+            tracing,
+            lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s),
             "pdserve.v1.DecodeService",
-        )  # fmt: skip
+        )
         async with grpc.aio.insecure_channel(address, interceptors=tracing.client_interceptors()) as channel:
             with trace.use_span(upstream):
                 await decode_pb2_grpc.DecodeServiceStub(channel).Reserve(decode_pb2.ReserveRequest(request_id="r"))
@@ -240,9 +248,11 @@ async def test_tracing_on_sends_the_current_context_in_metadata() -> None:
         servicer = DecodeLike(Tracing(trace.NoOpTracer()))
         async with AsyncExitStack() as stack:
             address = await serve(
-                stack, Tracing(trace.NoOpTracer()),
-                lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s), "pdserve.v1.DecodeService",
-            )  # fmt: skip
+                stack,
+                Tracing(trace.NoOpTracer()),
+                lambda s: decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s),
+                "pdserve.v1.DecodeService",
+            )
             async with grpc.aio.insecure_channel(address, interceptors=tracing.client_interceptors()) as channel:
                 await decode_pb2_grpc.DecodeServiceStub(channel).Reserve(
                     decode_pb2.ReserveRequest(request_id="r"), metadata=(("x-kept", "1"), ("traceparent", "stale"))

@@ -97,10 +97,12 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
             stop = None if self.stop_token_id is None else sampling_pb2.StopReason(stop_token_id=self.stop_token_id)
             later = self.later_first_token_ids[len(self.requests) - 2 : len(self.requests) - 1]
             first = prefill_pb2.FirstToken(
-                token_id=later[0] if later else self.first_token_id, num_cached_tokens=self.num_cached_tokens,
-                finish_reason=self.finish_reason, stop_reason=stop,  # type: ignore[arg-type]
+                token_id=later[0] if later else self.first_token_id,
+                num_cached_tokens=self.num_cached_tokens,
+                finish_reason=self.finish_reason,  # type: ignore[arg-type]
+                stop_reason=stop,
                 logprob=-0.5 if request.sampling_params.logprobs else None,
-            )  # fmt: skip
+            )
             yield prefill_pb2.PrefillResponse(first_token=first)
             if self.transfer_gate is not None:
                 await _bounded_wait(self.transfer_gate)
@@ -224,8 +226,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         return decode_pb2.ReleaseResponse()
 
 
-def decode_steps(token_ids: Sequence[int], finish_reason: int = sampling_pb2.FINISH_REASON_LENGTH,
-                 stop_token_id: int | None = None) -> list[tuple[Sequence[int], int, int | None]]:  # fmt: skip
+def decode_steps(
+    token_ids: Sequence[int], finish_reason: int = sampling_pb2.FINISH_REASON_LENGTH, stop_token_id: int | None = None
+) -> list[tuple[Sequence[int], int, int | None]]:
     """One step per token; the last one finishes."""
     steps: list[tuple[Sequence[int], int, int | None]] = [([t], 0, None) for t in token_ids[:-1]]
     steps.append(([token_ids[-1]], finish_reason, stop_token_id))
@@ -288,8 +291,17 @@ async def router_over(
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)
-        infos.append(PodInfo(pod_id=pod_id, role=role, address=f"127.0.0.1:{port}", model=MODEL, generation=1,
-                             num_free_blocks=1000, num_total_blocks=1000))  # fmt: skip
+        infos.append(
+            PodInfo(
+                pod_id=pod_id,
+                role=role,
+                address=f"127.0.0.1:{port}",
+                model=MODEL,
+                generation=1,
+                num_free_blocks=1000,
+                num_total_blocks=1000,
+            )
+        )
 
     for pod_id, prefill in prefills.items():
         await serve(pod_id, "prefill", prefill_pb2_grpc.add_PrefillServiceServicer_to_server, prefill)

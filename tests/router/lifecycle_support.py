@@ -12,9 +12,10 @@ PROMPT = list(range(1000, 1040))  # 2 full blocks and 8 tokens
 
 def generate_request(max_tokens: int = 16, **params: object) -> generation_pb2.GenerateRequest:
     return generation_pb2.GenerateRequest(
-        token_ids=generation_pb2.TokenIds(token_ids=PROMPT), request_id="req-1",
+        token_ids=generation_pb2.TokenIds(token_ids=PROMPT),
+        request_id="req-1",
         sampling_params=sampling_pb2.SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 async def collect(call: object) -> list[generation_pb2.GenerateResponse]:

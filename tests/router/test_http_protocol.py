@@ -19,10 +19,22 @@ from router.tokenizer_pool import ChatMessage
 
 def test_completion_body_with_vllm_extensions() -> None:
     body = {
-        "model": "m", "prompt": "Hello", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3, "seed": 11,
-        "repetition_penalty": 1.1, "stop": "\n", "stop_token_ids": [2], "ignore_eos": True, "n": 2,
-        "presence_penalty": 0.5, "min_tokens": 0, "cache_salt": "s",
-    }  # fmt: skip
+        "model": "m",
+        "prompt": "Hello",
+        "max_tokens": 7,
+        "temperature": 0,
+        "top_p": 0.5,
+        "top_k": 3,
+        "seed": 11,
+        "repetition_penalty": 1.1,
+        "stop": "\n",
+        "stop_token_ids": [2],
+        "ignore_eos": True,
+        "n": 2,
+        "presence_penalty": 0.5,
+        "min_tokens": 0,
+        "cache_salt": "s",
+    }
     assert completion_input(body, "r1", "c1") == GenerateInput(
         request_id="r1",
         params=SamplingParams(
@@ -102,41 +114,66 @@ def test_bodies_non_streaming_and_streaming() -> None:
     completions = CompletionBodies("completions", "r1", "smol", created=100)
     last = _chunk(0, "c", "length", usage)
     assert completions.response({0: "abc"}, {0: last}, usage) == {
-        "id": "cmpl-r1", "object": "text_completion", "created": 100, "model": "smol",
+        "id": "cmpl-r1",
+        "object": "text_completion",
+        "created": 100,
+        "model": "smol",
         "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None, "text": "abc"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
-                  "prompt_tokens_details": {"cached_tokens": 0}},
-    }  # fmt: skip
+        "usage": {
+            "prompt_tokens": 5,
+            "completion_tokens": 3,
+            "total_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+    }
     chat = CompletionBodies("chat", "r2", "smol", created=100)
     assert chat.chunk(_chunk(0, "Hi"), first=True, include_usage=True) == {
-        "id": "chatcmpl-r2", "object": "chat.completion.chunk", "created": 100, "model": "smol",
-        "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "stop_reason": None,
-                     "delta": {"role": "assistant", "content": "Hi"}}],
+        "id": "chatcmpl-r2",
+        "object": "chat.completion.chunk",
+        "created": 100,
+        "model": "smol",
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+                "delta": {"role": "assistant", "content": "Hi"},
+            }
+        ],
         "usage": None,
-    }  # fmt: skip
+    }
     assert chat.chunk(_chunk(0, "!", "stop"), first=False, include_usage=False)["choices"][0]["delta"] == {
         "content": "!"
     }
     assert chat.usage_chunk(usage)["choices"] == []
     assert chat.response({0: "Hi!"}, {0: _chunk(0, "!", "stop")}, usage)["choices"][0]["message"] == {
-        "role": "assistant", "content": "Hi!",
-    }  # fmt: skip
+        "role": "assistant",
+        "content": "Hi!",
+    }
 
 
 def test_errors_map_to_openai_shapes() -> None:
     bad = http_error(InvalidArgumentError("sampling_params.max_tokens", "too many"))
     assert (bad.status, bad.body(), bad.headers()) == (
         400,
-        {"error": {"message": "max_tokens: too many", "type": "invalid_request_error", "param": "max_tokens",
-                   "code": "INVALID_ARGUMENT"}},
+        {
+            "error": {
+                "message": "max_tokens: too many",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": "INVALID_ARGUMENT",
+            }
+        },
         {},
-    )  # fmt: skip
+    )
     assert http_error(InvalidArgumentError("text", "empty")).param == "prompt"
     busy = http_error(ResourceExhaustedError("queue full", retry_after_s=1.2))
     assert (busy.status, busy.headers(), busy.body()["error"]) == (
-        429, {"Retry-After": "2"},
+        429,
+        {"Retry-After": "2"},
         {"message": "queue full", "type": "rate_limit_error", "param": None, "code": "RESOURCE_EXHAUSTED"},
-    )  # fmt: skip
+    )
     assert http_error(ResourceExhaustedError("x")).headers() == {"Retry-After": "1"}
     assert (http_error(UnavailableError("no pod")).status, http_error(UnavailableError("no pod")).headers()) == (
         503,
@@ -163,5 +200,7 @@ async def test_running_requests_abort_is_idempotent() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (running.abort("r1"), running.abort("r2"), len(running)) == (
-        (AbortResult.ALREADY_FINISHED, 0), (AbortResult.NOT_FOUND, 0), 0,
-    )  # fmt: skip
+        (AbortResult.ALREADY_FINISHED, 0),
+        (AbortResult.NOT_FOUND, 0),
+        0,
+    )

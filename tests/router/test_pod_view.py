@@ -19,8 +19,16 @@ pytestmark = pytest.mark.anyio
 
 MODEL = "smollm2-135m"
 P0 = PodInfo(pod_id="prefill-0", role="prefill", address="127.0.0.1:1", model=MODEL, generation=1)
-D0 = PodInfo(pod_id="decode-0", role="decode", address="127.0.0.1:2", model=MODEL, generation=1,
-             kv_endpoint="127.0.0.1:3", num_free_blocks=10, num_total_blocks=20)  # fmt: skip
+D0 = PodInfo(
+    pod_id="decode-0",
+    role="decode",
+    address="127.0.0.1:2",
+    model=MODEL,
+    generation=1,
+    kv_endpoint="127.0.0.1:3",
+    num_free_blocks=10,
+    num_total_blocks=20,
+)
 P1 = PodInfo(pod_id="prefill-1", role="prefill", address="127.0.0.1:4", model=MODEL, generation=7)
 
 

@@ -36,7 +36,10 @@ async def test_tokens_stream_in_order_with_usage_and_metrics(
     last = responses[-1]
     assert last.finish_reason == sampling_pb2.FINISH_REASON_LENGTH
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_prompt_tokens) == (
-        40, len(output_ids), 16)  # fmt: skip
+        40,
+        len(output_ids),
+        16,
+    )
     assert not any(r.HasField("usage") or r.HasField("metrics") for r in responses[:-1])
     metrics = last.metrics
     assert (metrics.prefill_pod_id, metrics.decode_pod_id, metrics.num_attempts) == ("prefill-0", "decode-0", 1)
@@ -255,7 +258,12 @@ async def test_text_and_chat_prompts_are_tokenized_by_the_pool(
     assert prefill.requests[1].cache_salt == "tenant-a" and not prefill.requests[0].HasField("cache_salt")
     assert (list(tokenized.token_ids), tokenized.num_tokens) == (list(expected_chat), len(expected_chat))
     assert (info.model_id, info.max_model_len, info.vocab_size, info.block_size, list(info.eos_token_ids)) == (
-        MODEL, 8192, 49152, 16, [2])  # fmt: skip
+        MODEL,
+        8192,
+        49152,
+        16,
+        [2],
+    )
     # the directory is asked with the engine's block hashes: model id and salt as extra keys
     (text_hashes, live), (chat_hashes, _) = router.directory.lookups
     assert live == {"prefill-0": 1, "prefill-1": 1}

@@ -85,8 +85,11 @@ async def test_a_failed_kv_transfer_migrates_until_the_attempts_are_spent(
             await asyncio.wait_for(collect(call), WAIT_S / 2)
         await asyncio.wait_for(decode.cancelled.wait(), WAIT_S / 2)
     # NOTE: each leg streamed its first token, then lost its transfer; the 3rd failure (max_attempts) ends it.
-    assert [list(r.prompt_token_ids) for r in prefill.requests] == [PROMPT, PROMPT + output_ids[:1],
-                                                                    PROMPT + output_ids[:2]]  # fmt: skip
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [
+        PROMPT,
+        PROMPT + output_ids[:1],
+        PROMPT + output_ids[:2],
+    ]
     assert [r.sampling_params.max_tokens for r in prefill.requests] == [5, 4, 3]
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "3 attempts failed, the last: Prefill on pod prefill-0: receiver went away" in (info.value.details() or "")
@@ -108,7 +111,10 @@ async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
     assert {r.request_id for r in responses} == {"req-1"}
     last = responses[-1]
     assert (last.finish_reason, last.usage.completion_tokens, last.usage.cached_prompt_tokens) == (
-        sampling_pb2.FINISH_REASON_LENGTH, num_tokens, 16)  # fmt: skip
+        sampling_pb2.FINISH_REASON_LENGTH,
+        num_tokens,
+        16,
+    )
     assert (last.metrics.decode_pod_id, last.metrics.num_attempts) == ("decode-b", 2)
     # NOTE: the second leg's prompt is the prompt plus the 4 tokens streamed; max_tokens shrinks by them.
     assert [list(r.prompt_token_ids) for r in prefill.requests] == [PROMPT, PROMPT + output_ids[:4]]
@@ -116,7 +122,9 @@ async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
     assert [(r.num_prompt_tokens, r.max_tokens) for r in healthy.reserves] == [(44, num_tokens - 4)]
     (decode_request,) = healthy.decodes
     assert (list(decode_request.prompt_token_ids), decode_request.first_token_id) == (
-        PROMPT + output_ids[:4], output_ids[4])  # fmt: skip
+        PROMPT + output_ids[:4],
+        output_ids[4],
+    )
 
 
 async def test_an_empty_router_retry_budget_ends_a_failed_stream_unavailable_with_its_refill_time(

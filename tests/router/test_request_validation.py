@@ -99,9 +99,13 @@ pytestmark = pytest.mark.anyio
     ],
 )
 async def test_validation_errors_name_the_public_field(
-    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo,
-    request_fields: dict[str, object], field: str, message: str,
-) -> None:  # fmt: skip
+    tokenizer_pool: TokenizerPool,
+    tokenizer: PreTrainedTokenizerBase,
+    model: ModelInfo,
+    request_fields: dict[str, object],
+    field: str,
+    message: str,
+) -> None:
     prefill = FakePrefill()
     decode = FakeDecode("decode-0", decode_steps([6]))
     async with router_over({"prefill-0": prefill}, {"decode-0": decode}, tokenizer_pool, tokenizer, model) as router:

@@ -24,9 +24,17 @@ def _prefill(pod_id: str, draining: bool = False) -> PodInfo:
 
 def _decode(pod_id: str, free: int, running: int = 0, waiting: int = 0, draining: bool = False) -> PodInfo:
     return PodInfo(
-        pod_id=pod_id, role="decode", address=f"{pod_id}:1", model="m", generation=1, draining=draining,
-        num_running=running, num_waiting=waiting, num_free_blocks=free, num_total_blocks=1000,
-    )  # fmt: skip
+        pod_id=pod_id,
+        role="decode",
+        address=f"{pod_id}:1",
+        model="m",
+        generation=1,
+        draining=draining,
+        num_running=running,
+        num_waiting=waiting,
+        num_free_blocks=free,
+        num_total_blocks=1000,
+    )
 
 
 def _idle(pod_id: str) -> LocalLoad:
@@ -147,10 +155,16 @@ def test_pod_load_counts_prefill_tokens_and_decodes_while_they_last() -> None:
 
 def test_parallel_pods_pair_only_with_pods_of_their_sizes() -> None:
     tp2 = {"tensor_parallel_size": 2}
-    prefill = [_prefill("p1"), dataclasses.replace(_prefill("p2"), **tp2),
-               dataclasses.replace(_prefill("p3"), pipeline_parallel_size=2)]  # fmt: skip
-    decode = [_decode("d1", 10), dataclasses.replace(_decode("d2", 10), **tp2),
-              dataclasses.replace(_decode("d3", 10, draining=True), pipeline_parallel_size=2)]  # fmt: skip
+    prefill = [
+        _prefill("p1"),
+        dataclasses.replace(_prefill("p2"), **tp2),
+        dataclasses.replace(_prefill("p3"), pipeline_parallel_size=2),
+    ]
+    decode = [
+        _decode("d1", 10),
+        dataclasses.replace(_decode("d2", 10), **tp2),
+        dataclasses.replace(_decode("d3", 10, draining=True), pipeline_parallel_size=2),
+    ]
     assert [pod.pod_id for pod in pairable_prefill_pods(prefill, decode)] == ["p1", "p2"]
     assert [pod.pod_id for pod in paired_decode_pods(decode, prefill[1])] == ["d2"]
     # No pod of equal sizes: every pod stays a candidate (the prefill pod then refuses the target, naming the sizes).

@@ -42,8 +42,12 @@ async def test_encodes_exactly_like_the_tokenizer_in_process(
 async def test_applies_the_chat_template_with_the_generation_prompt(
     tokenizer_pool: TokenizerPool, reference: PreTrainedTokenizerBase
 ) -> None:
-    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Héllo ✓"), ChatMessage("assistant", "Hi."),
-                ChatMessage("user", "Again?")]  # fmt: skip
+    messages = [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Héllo ✓"),
+        ChatMessage("assistant", "Hi."),
+        ChatMessage("user", "Again?"),
+    ]
     ids = await tokenizer_pool.encode_chat(messages)
     as_dicts = [{"role": m.role, "content": m.content} for m in messages]
     expected = reference.apply_chat_template(as_dicts, add_generation_prompt=True, tokenize=True, return_dict=False)

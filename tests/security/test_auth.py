@@ -51,8 +51,11 @@ def test_tokens_come_from_a_file_and_a_list(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("# team a\nalpha\n\n  beta  \n")
     assert load_tokens(AuthConfig(auth_tokens_file=str(path), auth_tokens="gamma, delta")) == (
-        "alpha", "beta", "gamma", "delta",
-    )  # fmt: skip
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+    )
     assert load_tokens(AuthConfig()) == ()
     assert authenticator_for(AuthConfig()) is None
     (tmp_path / "empty").write_text("# nothing\n")

@@ -40,10 +40,16 @@ PROMPT = "The capital of France is"
 @pytest.fixture(scope="module")
 def cluster(credentials: ClusterCredentials, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config = ClusterConfig(
-        num_prefill=1, num_decode=1, port=0, registry_refresh_s=REGISTRY_REFRESH_S, pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("secure-cluster-logs"), startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None, credentials=credentials,
-    )  # fmt: skip
+        num_prefill=1,
+        num_decode=1,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=POD_ARGS,
+        log_dir=tmp_path_factory.mktemp("secure-cluster-logs"),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+        credentials=credentials,
+    )
     with LocalCluster(config) as running:
         yield running
 

@@ -16,8 +16,13 @@ CLUSTER_TLS = ClusterTLSConfig("/tls/ca.pem", "/tls/i.pem", "/tls/i.key")
 
 
 def test_the_router_reads_every_switch_from_the_environment() -> None:
-    environ = {**MTLS_ENV, "PDSERVE_TLS_CERT": "/tls/p.pem", "PDSERVE_TLS_KEY": "/tls/p.key",
-               "PDSERVE_AUTH_TOKENS": "a,b", "PDSERVE_AUTH_EXEMPT_HEALTH": "0"}  # fmt: skip
+    environ = {
+        **MTLS_ENV,
+        "PDSERVE_TLS_CERT": "/tls/p.pem",
+        "PDSERVE_TLS_KEY": "/tls/p.key",
+        "PDSERVE_AUTH_TOKENS": "a,b",
+        "PDSERVE_AUTH_EXEMPT_HEALTH": "0",
+    }
     *_, security = parse_args([], environ)
     assert security == RouterSecurity(
         PublicTLSConfig("/tls/p.pem", "/tls/p.key"), CLUSTER_TLS, AuthConfig(None, "a,b", auth_exempt_health=False)
@@ -34,9 +39,11 @@ def test_pods_read_the_mtls_switch() -> None:
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--tls-cert", "/tls/p.pem"], "--tls-key: must be given with --tls-cert"),
-     (["--mtls-ca", "/tls/ca.pem"], "--mtls-cert: must be given with --mtls-ca")],
-)  # fmt: skip
+    [
+        (["--tls-cert", "/tls/p.pem"], "--tls-key: must be given with --tls-cert"),
+        (["--mtls-ca", "/tls/ca.pem"], "--mtls-cert: must be given with --mtls-ca"),
+    ],
+)
 def test_a_half_given_pair_is_a_usage_error(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         parse_args(argv, {})

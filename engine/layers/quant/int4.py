@@ -49,9 +49,10 @@ def _check(config: Mapping[str, Any], key: str, allowed: tuple[Any, ...], defaul
     value = config.get(key, default)
     if value not in allowed:
         raise InvalidArgumentError(
-            f"quantization_config.{key}", f"{config.get('quant_method')} with {key}={value!r} is not supported "
+            f"quantization_config.{key}",
+            f"{config.get('quant_method')} with {key}={value!r} is not supported "
             f"(supported: {', '.join(map(repr, allowed))})",
-        )  # fmt: skip
+        )
     return value
 
 
@@ -75,8 +76,12 @@ class Int4LinearMethod(LinearMethod):
         if k % GROUP_SIZE:
             raise InvalidArgumentError("quantization", f"int4 layers need in_features % {GROUP_SIZE} == 0, got {k}")
         groups = k // GROUP_SIZE
-        shapes = {"weight": ((n, k // 8), torch.int32), "weight_scale": ((n, groups), torch.float16),
-                  "weight_zero": ((n, groups), torch.uint8), "input_perm": ((k,), torch.int32)}  # fmt: skip
+        shapes = {
+            "weight": ((n, k // 8), torch.int32),
+            "weight_scale": ((n, groups), torch.float16),
+            "weight_zero": ((n, groups), torch.uint8),
+            "input_perm": ((k,), torch.int32),
+        }
         for name, (shape, dtype) in shapes.items():
             layer.register_parameter(name, torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False))
 

@@ -16,10 +16,16 @@ from engine.layers.quant.int4_layout import GROUP_SIZE
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 RANDOM_CHECKPOINT_CONFIGS: dict[str, dict[str, object]] = {
-    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP_SIZE, "desc_act": False, "sym": True,
-             "checkpoint_format": "gptq"},
+    "gptq": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": GROUP_SIZE,
+        "desc_act": False,
+        "sym": True,
+        "checkpoint_format": "gptq",
+    },
     "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP_SIZE, "zero_point": True, "version": "gemm"},
-}  # fmt: skip
+}
 """The quantization_config a random-weight model of each method stands for."""
 
 
@@ -54,10 +60,12 @@ def quantized_parts(weight: torch.Tensor, method: str) -> dict[str, torch.Tensor
     q, zeros, scales = quantize_groups(weight, symmetric=method == "gptq")
     if method == "gptq":
         g_idx = torch.arange(weight.shape[1], dtype=torch.int32, device=weight.device) // GROUP_SIZE
-        return {"qweight": pack_nibbles(q.T, 0), "qzeros": pack_nibbles(zeros - 1, 1), "scales": scales,
-                "g_idx": g_idx}  # fmt: skip
-    return {"qweight": pack_nibbles(q.T, 1, AWQ_PACK_ORDER), "qzeros": pack_nibbles(zeros, 1, AWQ_PACK_ORDER),
-            "scales": scales}  # fmt: skip
+        return {"qweight": pack_nibbles(q.T, 0), "qzeros": pack_nibbles(zeros - 1, 1), "scales": scales, "g_idx": g_idx}
+    return {
+        "qweight": pack_nibbles(q.T, 1, AWQ_PACK_ORDER),
+        "qzeros": pack_nibbles(zeros, 1, AWQ_PACK_ORDER),
+        "scales": scales,
+    }
 
 
 def random_checkpoint(

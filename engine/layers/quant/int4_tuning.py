@@ -68,12 +68,14 @@ def heuristic_config(n: int, k: int, num_rows: int) -> Int4Config:
         split_k = 1
         while programs * split_k < 512 and split_k * 2 * 4 <= k // 128:
             split_k *= 2
-        return Int4Config("gemv", {"BLOCK_N": block_n, "GROUPS": 4, "SPLIT_K": split_k, "num_warps": 4,
-                                   "num_stages": 2})  # fmt: skip
+        return Int4Config(
+            "gemv", {"BLOCK_N": block_n, "GROUPS": 4, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2}
+        )
     if num_rows <= 256:
         block_m = 16 if num_rows <= 16 else 64
-        return Int4Config("gemm", {"BLOCK_M": block_m, "BLOCK_N": 64, "GROUPS": 1, "GROUP_M": 8, "num_warps": 4,
-                                   "num_stages": 3})  # fmt: skip
+        return Int4Config(
+            "gemm", {"BLOCK_M": block_m, "BLOCK_N": 64, "GROUPS": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+        )
     return Int4Config("dequant", {"BLOCK_N": 16, "GROUPS": 4, "num_warps": 4, "num_stages": 1})
 
 

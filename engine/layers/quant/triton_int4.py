@@ -65,8 +65,7 @@ def _gemv_tile(w_ptr, scale_ptr, zero_ptr, n3, g3, w3, g0, N, g_end, stride_wn, 
 
 
 @triton.jit
-def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
-                     EVEN: tl.constexpr):  # fmt: skip
+def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
     """Each word's sum of (q - zero) * x over its 8 nibbles, in float32 (the 2^23 trick of `_nibble_in_place`)."""
     zero = zero.to(tl.float32)
     high_words = words >> 12  # nibbles 5-7 at places 2-4, below the float's exponent bits
@@ -82,11 +81,33 @@ def _float_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PER
 
 @triton.jit
 def _int4_gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_om,
-    groups_per_split, half_n, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUPS: tl.constexpr, PARTIAL: tl.constexpr, HALF2: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr,
-    EVEN: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    perm_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    groups_per_split,
+    half_n,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    HALF2: tl.constexpr,
+    MAGIC: tl.constexpr,
+    ASM: tl.constexpr,
+    EVEN: tl.constexpr,
+    PDL: tl.constexpr,
+    GATED: tl.constexpr,
+):
     rows = tile_rows(BLOCK_N, half_n, GATED)
     x_row = x_ptr + tl.program_id(1) * stride_xm
     g_begin = tl.program_id(2) * groups_per_split
@@ -128,8 +149,9 @@ def _int4_gemv_kernel(
 
 
 @triton.jit
-def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, N, stride_om, num_splits, HAS_BIAS: tl.constexpr,
-                          BLOCK: tl.constexpr):  # fmt: skip
+def _splitk_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, N, stride_om, num_splits, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
+):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
     num_rows = tl.num_programs(1)
@@ -172,17 +194,38 @@ def _gemv(x, packed, bias, out, meta: dict[str, int], gated: bool = False) -> No
     target = torch.empty((num_splits, m, n), dtype=torch.float32, device=x.device) if partial else out
     grid = (triton.cdiv(n, meta["BLOCK_N"]), m, num_splits)
     _int4_gemv_kernel[grid](
-        x, packed.weight, packed.scale, packed.zero, packed.perm, bias, target, n, k, x.stride(0),
-        packed.weight.stride(0), packed.scale.stride(0), out.stride(0), groups_per_split, n // 2,
-        HAS_PERM=packed.perm is not None, HAS_BIAS=bias is not None, PARTIAL=partial, HALF2=half2,
+        x,
+        packed.weight,
+        packed.scale,
+        packed.zero,
+        packed.perm,
+        bias,
+        target,
+        n,
+        k,
+        x.stride(0),
+        packed.weight.stride(0),
+        packed.scale.stride(0),
+        out.stride(0),
+        groups_per_split,
+        n // 2,
+        HAS_PERM=packed.perm is not None,
+        HAS_BIAS=bias is not None,
+        PARTIAL=partial,
+        HALF2=half2,
         EVEN=num_groups % groups_per_split == 0,
-        MAGIC=HALF_MAGIC.get(x.dtype, 0), ASM=x.is_cuda, PDL=pdl, GATED=gated, **meta,
+        MAGIC=HALF_MAGIC.get(x.dtype, 0),
+        ASM=x.is_cuda,
+        PDL=pdl,
+        GATED=gated,
+        **meta,
         **pdl_launch(pdl),
-    )  # fmt: skip
+    )
     if partial:
         reduce_grid = (triton.cdiv(n, _REDUCE_BLOCK), m)
-        _splitk_reduce_kernel[reduce_grid](target, bias, out, n, out.stride(0), num_splits,
-                                           HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK)  # fmt: skip
+        _splitk_reduce_kernel[reduce_grid](
+            target, bias, out, n, out.stride(0), num_splits, HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK
+        )
 
 
 def _groups_per_split(num_groups: int, split_k: int, groups: int) -> int:
@@ -205,10 +248,25 @@ def _gemm(x, packed, bias, out, meta: dict[str, int]) -> None:
     n = packed.weight.shape[0]
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
     _int4_gemm_kernel[grid](
-        x, packed.weight, packed.scale, packed.zero, packed.perm, bias, out, m, n, k, x.stride(0),
-        packed.weight.stride(0), packed.scale.stride(0), out.stride(0), HAS_PERM=packed.perm is not None,
-        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **meta,
-    )  # fmt: skip
+        x,
+        packed.weight,
+        packed.scale,
+        packed.zero,
+        packed.perm,
+        bias,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        packed.weight.stride(0),
+        packed.scale.stride(0),
+        out.stride(0),
+        HAS_PERM=packed.perm is not None,
+        HAS_BIAS=bias is not None,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        **meta,
+    )
 
 
 def _dequant(x, packed, bias, out, meta: dict[str, int]) -> None:
@@ -216,8 +274,9 @@ def _dequant(x, packed, bias, out, meta: dict[str, int]) -> None:
     n, k = packed.weight.shape[0], x.shape[1]
     weight = torch.empty((n, k), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(k // GROUP_SIZE, meta["GROUPS"]))
-    _int4_dequant_kernel[grid](packed.weight, packed.scale, packed.zero, weight, n, k, packed.weight.stride(0),
-                               packed.scale.stride(0), **meta)  # fmt: skip
+    _int4_dequant_kernel[grid](
+        packed.weight, packed.scale, packed.zero, weight, n, k, packed.weight.stride(0), packed.scale.stride(0), **meta
+    )
     x_kernel_order = x if packed.perm is None else x.index_select(1, packed.perm)
     if bias is None:
         torch.mm(x_kernel_order, weight.T, out=out)

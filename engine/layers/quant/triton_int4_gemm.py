@@ -30,10 +30,28 @@ def _unpack_groups(words, scale, zero, GROUPS: tl.constexpr, BLOCK_N: tl.constex
 
 @triton.jit
 def _int4_gemm_kernel(
-    x_ptr, w_ptr, scale_ptr, zero_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-    stride_om, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUPS: tl.constexpr, GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    perm_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     band = tl.program_id(0) // (GROUP_M * grid_n)
     band_m = tl.minimum(grid_m - band * GROUP_M, GROUP_M)
@@ -72,7 +90,7 @@ def _int4_gemm_kernel(
 @triton.jit
 def _int4_dequant_kernel(
     w_ptr, scale_ptr, zero_ptr, out_ptr, N, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr
-):  # fmt: skip
+):
     """out [N, K] (kernel channel order) = dequant(W); program (i, j): rows i*BLOCK_N.., groups j*GROUPS.."""
     cols_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     g0 = tl.program_id(1) * GROUPS

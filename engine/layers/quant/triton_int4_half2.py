@@ -74,8 +74,9 @@ def _pair_fma(shifted, neg_zeros, x_pairs, acc, MAGIC: tl.constexpr, dtype: tl.c
     constants ptxas re-materialized the mask before every LOP3 (an IMAD.MOV per pair)."""
     if ASM:
         asm: tl.constexpr = _PAIR_FMA_BF16 if dtype == tl.bfloat16 else _PAIR_FMA_F16
-        out = tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [shifted, neg_zeros, x_pairs, acc], dtype=tl.int32,
-                                        is_pure=True, pack=1)  # fmt: skip
+        out = tl.inline_asm_elementwise(
+            asm, "=r,r,r,r,r", [shifted, neg_zeros, x_pairs, acc], dtype=tl.int32, is_pure=True, pack=1
+        )
     else:
         pairs = (shifted & 0x000F000F) | MAGIC
         lo = (_half_to_float(pairs, dtype) + _half_to_float(neg_zeros, dtype)) * _half_to_float(x_pairs, dtype)
@@ -100,8 +101,20 @@ def _rounded_bits(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _half2_word_sums(words, zero, x_row, perm_ptr, g0, g3, w3, group_ok, HAS_PERM: tl.constexpr,
-                     EVEN: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def _half2_word_sums(
+    words,
+    zero,
+    x_row,
+    perm_ptr,
+    g0,
+    g3,
+    w3,
+    group_ok,
+    HAS_PERM: tl.constexpr,
+    EVEN: tl.constexpr,
+    MAGIC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """The sum of (q - zero) * x over the 16 nibbles of each two adjacent words [BLOCK_N, GROUPS, 8]: per word 4
     packed pairs (nibbles j and j + 4 = channels 16j + w and 16j + w + 64) summed in x's dtype by `_pair_fma`, the
     two words' packed sums added (`_pair_add`), then widened to float32 (`_pair_sum`)."""
@@ -135,8 +148,9 @@ def _pair_add(a, b, dtype: tl.constexpr, ASM: tl.constexpr):
 def _pack_pair(lo, hi, ASM: tl.constexpr):
     """Two bf16/fp16 tensors as one int32 tensor of pairs (lo in the low half): one PRMT each on the GPU."""
     if ASM:
-        out = tl.inline_asm_elementwise("mov.b32 $0, {$1, $2};", "=r,h,h", [lo, hi], dtype=tl.int32, is_pure=True,
-                                        pack=1)  # fmt: skip
+        out = tl.inline_asm_elementwise(
+            "mov.b32 $0, {$1, $2};", "=r,h,h", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
+        )
     else:
         out = _half_bits(lo) | (_half_bits(hi) << 16)
     return out

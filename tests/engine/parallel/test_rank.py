@@ -79,8 +79,9 @@ def test_speculation_and_unsliced_quantizations_are_refused_with_parallel_sizes(
 
 
 def _shard(rank: ParallelRank) -> dict[str, tuple[int, slice, bool] | None]:
-    model = build_model(QWEN3, TorchAttentionBackend(16, 1.0), torch.float32, torch.device("cpu"), None,
-                        Communicator(rank))  # fmt: skip
+    model = build_model(
+        QWEN3, TorchAttentionBackend(16, 1.0), torch.float32, torch.device("cpu"), None, Communicator(rank)
+    )
     targets = checkpoint_targets(model, QWEN3.tie_word_embeddings)
     return {name: None if part is None else (part.dim, part.index, part.zero) for name, (_, part) in targets.items()}
 

@@ -64,8 +64,12 @@ def test_sixteen_copy_heavy_prompts_equal_without_speculation(llms: tuple[LLM, L
     two above, batched: token for token the same, proposals accepted, the block pool free afterwards."""
     off, on = llms
     tasks = Path(__file__).resolve().parents[3] / "bench" / "spec_tasks"
-    prompts = PROMPTS + [p for name in ("code_edit", "quote_summary", "extraction") for p in
-                         load_task_set(tasks / f"{name}.txt")[:5]][:14]  # fmt: skip
+    prompts = (
+        PROMPTS
+        + [
+            p for name in ("code_edit", "quote_summary", "extraction") for p in load_task_set(tasks / f"{name}.txt")[:5]
+        ][:14]
+    )
     assert len(prompts) == 16
     greedy = SamplingParams(temperature=0, max_tokens=12)
     before = on.engine.spec_stats.accepted_tokens
