@@ -71,9 +71,14 @@ class CompletionLeg:
     """One Reserve + Prefill + Decode of `leg_input` on `prefill_pod` and `decode_pod`; see the module docstring."""
 
     def __init__(
-        self, context: RunContext, plan: PromptPlan, request_id: str, leg_input: LegInput,
-        prefill_pod: PodInfo, decode_pod: PodInfo,
-    ) -> None:  # fmt: skip
+        self,
+        context: RunContext,
+        plan: PromptPlan,
+        request_id: str,
+        leg_input: LegInput,
+        prefill_pod: PodInfo,
+        decode_pod: PodInfo,
+    ) -> None:
         self._ctx = context
         self._plan = plan
         self.request_id = request_id
@@ -111,9 +116,13 @@ class CompletionLeg:
         self._stack.push_async_callback(lambda: asyncio.shield(self._release_in_background()))
         self._check_generation(self._target)
         stream = self._ctx.pods.client(self.prefill_pod).prefill(
-            self.request_id, self._input.token_ids, self._input.params, self._target, self._plan.cache_salt,
+            self.request_id,
+            self._input.token_ids,
+            self._input.params,
+            self._target,
+            self._plan.cache_salt,
             self._ctx.remaining_s(self._plan.deadline),
-        )  # fmt: skip
+        )
         self._prefill_stream = stream
         self._stack.push_async_callback(stream.aclose)
         cached_tokens = self._plan.cached_blocks.get(self.prefill_pod.pod_id, 0) * self._ctx.block_size
@@ -204,5 +213,7 @@ class CompletionLeg:
         except Exception as exc:
             logger.warning(
                 "request %s: Release on %s failed (the reservation will lapse): %s",
-                self.request_id, self.decode_pod.pod_id, exc,
-            )  # fmt: skip
+                self.request_id,
+                self.decode_pod.pod_id,
+                exc,
+            )

@@ -106,9 +106,12 @@ class PodClient:
     ) -> AsyncGenerator[FirstToken | TransferDone, None]:
         """The Prefill stream: FirstToken, then TransferDone. Closing the iterator cancels the call."""
         request = prefill_pb2.PrefillRequest(
-            request_id=request_id, prompt_token_ids=prompt_token_ids, sampling_params=sampling_params_to_pb(params),
-            kv_target=kv_target_to_pb(target), cache_salt=cache_salt,
-        )  # fmt: skip
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=sampling_params_to_pb(params),
+            kv_target=kv_target_to_pb(target),
+            cache_salt=cache_salt,
+        )
         call = self._prefill.Prefill(request, timeout=timeout)
         try:
             with _mapped_errors(self.pod_id, "Prefill"):
