@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from common.auth import bearer_metadata
-from common.grpc_server import message_size_options
+from common.grpc.server import message_size_options
 from common.tls import ChannelSecurity
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 

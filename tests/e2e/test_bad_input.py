@@ -10,7 +10,7 @@ import pytest
 
 from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from common.grpc_errors import bad_request_fields
+from common.grpc.errors import bad_request_fields
 from tests.e2e.support import Oracle, run
 
 CASES = [

@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from common.grpc_handlers import HandlerInterceptor, with_behavior
+from common.grpc.handlers import HandlerInterceptor, with_behavior
 
 RPC_SYSTEM = "rpc.system"
 RPC_SERVICE = "rpc.service"

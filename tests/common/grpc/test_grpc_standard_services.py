@@ -13,8 +13,8 @@ from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from common.grpc_server import HealthState, wait_for_health
-from tests.common.grpc_server_support import SERVICE, run_served
+from common.grpc.server import HealthState, wait_for_health
+from tests.common.grpc.grpc_server_support import SERVICE, run_served
 
 
 def test_health_starts_not_serving_and_follows_the_state() -> None:

@@ -3,7 +3,7 @@
 gRPC deserializes a request before any handler or interceptor code runs, and an exception there answers
 UNKNOWN with a traceback in the log. `tolerant_deserializer` wraps a message's parser so that it never
 raises: bytes that do not parse become an `UnparsedRequest` carrying an InvalidArgumentError, which the
-error interceptor (`common.grpc_errors.ErrorInterceptor`) reports as INVALID_ARGUMENT. The error names the
+error interceptor (`common.grpc.errors.ErrorInterceptor`) reports as INVALID_ARGUMENT. The error names the
 first field whose bytes are bad (e.g. `messages.messages.content` for invalid UTF-8), found by walking the
 wire format against the message's descriptor, or `request` when the bytes are not a message at all.
 """

@@ -11,11 +11,11 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import bad_request_fields, retry_delay_s, to_status
-from common.grpc_server import HealthState
+from common.grpc.errors import bad_request_fields, retry_delay_s, to_status
+from common.grpc.server import HealthState
 from kv_transfer.state import LayoutMismatchError, TransferExpiredError, UnknownTransferError
 from pdserve.v1 import generation_pb2
-from tests.common.grpc_server_support import run_served
+from tests.common.grpc.grpc_server_support import run_served
 
 
 def _rich_status(error: grpc.aio.AioRpcError) -> status_pb2.Status:
@@ -107,7 +107,7 @@ def test_unexpected_error_is_internal_and_logged(caplog: pytest.LogCaptureFixtur
             await stub.Tokenize(generation_pb2.TokenizeRequest(text="other"))
         assert (raised.value.code(), raised.value.details()) == (grpc.StatusCode.INTERNAL, "internal error")
 
-    with caplog.at_level(logging.ERROR, logger="common.grpc_errors"):
+    with caplog.at_level(logging.ERROR, logger="common.grpc.errors"):
         run_served(test)
     (record,) = caplog.records
     assert record.getMessage() == "unhandled RuntimeError in a gRPC handler"

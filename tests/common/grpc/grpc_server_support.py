@@ -12,8 +12,8 @@ import grpc
 import grpc.aio
 
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import HealthState, add_standard_services
+from common.grpc.errors import ErrorInterceptor
+from common.grpc.server import HealthState, add_standard_services
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 

@@ -28,8 +28,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from common.errors import InvalidArgumentError, PdserveError, RemoteError, ResourceExhaustedError, UnavailableError
-from common.grpc_handlers import HandlerInterceptor, with_behavior
-from common.request_parsing import UnparsedRequest, tolerant_deserializer
+from common.grpc.handlers import HandlerInterceptor, with_behavior
+from common.grpc.request_parsing import UnparsedRequest, tolerant_deserializer
 from pdserve.v1 import sampling_pb2
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ _Behavior = Callable[..., Any]
 class ErrorInterceptor(HandlerInterceptor):
     """Server interceptor that reports whatever an async unary, server-streaming or bidirectional-streaming handler
     raises through `abort_with`, so servicers simply raise. A unary request message that does not parse reaches no
-    handler: it is reported as INVALID_ARGUMENT (`common.request_parsing`); a bidirectional handler gets such a
+    handler: it is reported as INVALID_ARGUMENT (`common.grpc.request_parsing`); a bidirectional handler gets such a
     message as an `UnparsedRequest` to report. Sync and client-streaming handlers pass through untouched."""
 
     def __init__(

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from common.grpc_errors import ErrorInterceptor
-from common.grpc_tracing import ServerTracingInterceptor
+from common.grpc.errors import ErrorInterceptor
+from common.grpc.tracing import ServerTracingInterceptor
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 
 NUM_CALLS = 10

@@ -10,8 +10,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from common.grpc_errors import ErrorInterceptor, bad_request_fields
-from common.request_parsing import UnparsedRequest, tolerant_deserializer
+from common.grpc.errors import ErrorInterceptor, bad_request_fields
+from common.grpc.request_parsing import UnparsedRequest, tolerant_deserializer
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
 BAD_UTF8 = b"\xff\xfe"
