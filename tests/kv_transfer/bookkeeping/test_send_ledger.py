@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import InvalidArgumentError
 from kv_transfer import LayoutMismatchError, TransferState, TransferStateError, UnknownTransferError
-from kv_transfer.send_ledger import SendLedger
+from kv_transfer.bookkeeping.send_ledger import SendLedger
 
 S = TransferState
 

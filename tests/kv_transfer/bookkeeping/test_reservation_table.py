@@ -16,7 +16,7 @@ from kv_transfer import (
     TransportError,
     UnknownTransferError,
 )
-from kv_transfer.reservation_table import ReservationTable
+from kv_transfer.bookkeeping.reservation_table import ReservationTable
 
 S = TransferState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kv_transfer.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
 
 
 def test_hooks_run_in_order_on_its_thread_and_stop_flushes_them() -> None:

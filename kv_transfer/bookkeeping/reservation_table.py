@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver
-from kv_transfer.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
 from kv_transfer.state import (
     InvalidChunkError,
     TransferAbortedError,
