@@ -19,7 +19,7 @@ import grpc.aio
 from bench.load_driver import RequestRecord
 from bench.stats import RequestTiming
 from bench.workloads import RequestSpec
-from cli.client import build_request
+from client.generation_client import build_request
 from common.errors import PdserveError
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"pdserve"}),
     frozenset({"common"}),
+    frozenset({"client"}),
     frozenset({"kv_transfer"}),
     frozenset({"engine"}),
     frozenset({"pod"}),

@@ -1,4 +1,4 @@
-"""The packages' layering, bottom to top: pdserve (protos/) < common < kv_transfer < engine < pod <
+"""The packages' layering, bottom to top: pdserve (protos/) < common < client < kv_transfer < engine < pod <
 router | prefill_service | decode_service < bench | cli. No import runs upward; router and the two pod roles import
 none of each other (bench and cli may import each other); no file-level import cycle anywhere."""
 

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2
 
-from cli.client import GenerationClient
+from client.generation_client import GenerationClient
 from common.grpc.errors import bad_request_fields
 from common.grpc.server import message_size_options
 from pdserve.v1 import decode_pb2

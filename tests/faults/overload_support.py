@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from cli.client import build_request
 from cli.cluster import LocalCluster
+from client.generation_client import build_request
 from common.child_process import die_with_parent
 from common.grpc.errors import retry_delay_s
 from pdserve.v1 import generation_pb2, generation_pb2_grpc

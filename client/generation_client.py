@@ -1,6 +1,6 @@
 """A tiny synchronous client of the public `pdserve.v1.GenerationService`.
 
-    from cli.client import generate
+    from client import generate
 
     for response in generate("localhost:50051", "The capital of France is", max_tokens=8, temperature=0):
         print(response.text, end="", flush=True)
