@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.run import start_for_cluster
+from autoscaler.config import AutoscalerConfig
+from autoscaler.run import start_for_cluster
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.ports import free_port

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-from cli.autoscaler.connector import pod_to_drain
-from cli.autoscaler.planner import Decision
+from autoscaler.connector import pod_to_drain
+from autoscaler.planner import Decision
 from common.pod_registry import PodInfo, PodRole
 
 logger = logging.getLogger(__name__)

@@ -12,11 +12,11 @@ import sys
 import threading
 from types import FrameType
 
-from cli.autoscaler.compose_connector import ComposeConnector, find_compose_command
-from cli.autoscaler.config import AutoscalerConfig, ComposeConfig
-from cli.autoscaler.connector import KubernetesConnector
-from cli.autoscaler.local_connector import LocalConnector
-from cli.autoscaler.service import Autoscaler, ConnectorFactory
+from autoscaler.compose_connector import ComposeConnector, find_compose_command
+from autoscaler.config import AutoscalerConfig, ComposeConfig
+from autoscaler.connector import KubernetesConnector
+from autoscaler.local_connector import LocalConnector
+from autoscaler.service import Autoscaler, ConnectorFactory
 from cli.cluster import LocalCluster
 from common.config import ConfigValueError, config_from_args
 from common.errors import InvalidArgumentError

@@ -4,8 +4,8 @@ drains (`pod_to_drain`), and `KubernetesConnector`, which only publishes the tar
 A connector gets every non-hold `Decision` of the driver (`scale`), reports the roles whose last change it is
 still applying (`pending`, read into each snapshot), and is closed once the driver stops. A scale-in always
 drains: the connector stops one pod of the role gracefully (SIGTERM: the pod reports draining, finishes its
-requests, deregisters and exits), never kills it. The connectors: `LocalConnector` (cli/autoscaler/local_connector.py),
-`ComposeConnector` (cli/autoscaler/compose_connector.py) and `KubernetesConnector` below.
+requests, deregisters and exits), never kills it. The connectors: `LocalConnector` (autoscaler/local_connector.py),
+`ComposeConnector` (autoscaler/compose_connector.py) and `KubernetesConnector` below.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from cli.autoscaler.planner import Decision
+from autoscaler.planner import Decision
 from common.metrics import PREFIX
 from common.pod_registry import PodInfo, PodRole
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.snapshot import PodSnapshot
+from autoscaler.config import AutoscalerConfig
+from autoscaler.snapshot import PodSnapshot
 from common.pod_registry import PodRole
 
 

@@ -14,11 +14,11 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.connector import Connector
-from cli.autoscaler.metrics import AutoscalerMetrics
-from cli.autoscaler.planner import Decision, Planner
-from cli.autoscaler.snapshot import ClusterSnapshot, PodSnapshot
+from autoscaler.config import AutoscalerConfig
+from autoscaler.connector import Connector
+from autoscaler.metrics import AutoscalerMetrics
+from autoscaler.planner import Decision, Planner
+from autoscaler.snapshot import ClusterSnapshot, PodSnapshot
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 

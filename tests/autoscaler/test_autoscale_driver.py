@@ -12,12 +12,12 @@ from concurrent.futures import Future
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.connector import KubernetesConnector, pod_to_drain
-from cli.autoscaler.driver import AutoscaleDriver
-from cli.autoscaler.local_connector import LocalConnector
-from cli.autoscaler.metrics import AutoscalerMetrics
-from cli.autoscaler.planner import Decision
+from autoscaler.config import AutoscalerConfig
+from autoscaler.connector import KubernetesConnector, pod_to_drain
+from autoscaler.driver import AutoscaleDriver
+from autoscaler.local_connector import LocalConnector
+from autoscaler.metrics import AutoscalerMetrics
+from autoscaler.planner import Decision
 from cli.main import main
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole

@@ -1,13 +1,13 @@
 """The autoscaler's flags: `pdserve autoscale` (a process of its own on a deployment's Redis) and `pdserve up
 --autoscale` (beside the local cluster, in its process). cli/main.py adds the parsers; what they run is
-`cli.autoscaler.run`, imported only when it runs (so `pdserve health`, run by probes, loads no Redis client).
+`autoscaler.run`, imported only when it runs (so `pdserve health`, run by probes, loads no Redis client).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from cli.autoscaler.config import AutoscalerConfig, ComposeConfig
+from autoscaler.config import AutoscalerConfig, ComposeConfig
 from common.config import add_config_args, config_from_args
 
 CONNECTORS = ("local", "compose", "kubernetes")
@@ -47,6 +47,6 @@ def autoscaler_config(args: argparse.Namespace) -> AutoscalerConfig | None:
 
 
 def _autoscale(args: argparse.Namespace, extra: list[str]) -> int:
-    from cli.autoscaler.run import autoscale_command
+    from autoscaler.run import autoscale_command
 
     return autoscale_command(args, extra)

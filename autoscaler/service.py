@@ -16,10 +16,10 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.connector import Connector
-from cli.autoscaler.driver import AutoscaleDriver
-from cli.autoscaler.metrics import AutoscalerMetrics
+from autoscaler.config import AutoscalerConfig
+from autoscaler.connector import Connector
+from autoscaler.driver import AutoscaleDriver
+from autoscaler.metrics import AutoscalerMetrics
 from common.pod_registry import PodRegistry
 from common.redis_client import redact
 

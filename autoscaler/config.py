@@ -2,7 +2,7 @@
 `common.config.add_config_args`: `min_prefill` -> `--min-prefill`).
 
 Each load measure has a high threshold (over it: scale out) and a low one (under it on every measure, for the
-whole `scale_down_window_s`: a scale-in may follow); see cli/autoscaler/planner.py for the policy.
+whole `scale_down_window_s`: a scale-in may follow); see autoscaler/planner.py for the policy.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cli.autoscaler.planner import Decision
+from autoscaler.planner import Decision
 from common.metrics import PREFIX
 
 logger = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.metrics import AutoscalerMetrics
-from cli.autoscaler.planner import Decision, Planner
-from cli.autoscaler.snapshot import ClusterSnapshot, PodSnapshot
+from autoscaler.config import AutoscalerConfig
+from autoscaler.metrics import AutoscalerMetrics
+from autoscaler.planner import Decision, Planner
+from autoscaler.snapshot import ClusterSnapshot, PodSnapshot
 from common.errors import InvalidArgumentError
 from common.pod_registry import PodInfo, PodRole
 
@@ -230,7 +230,7 @@ def test_every_decision_is_counted_and_each_change_logged(caplog: pytest.LogCapt
     metrics = AutoscalerMetrics(registry)
     snapshots = [at(0, prefill(20), decode(0)), at(10, prefill(10, 10), decode(0)), at(20, prefill(9, 9, 9), decode(0))]
     planner = Planner(CONFIG)
-    with caplog.at_level(logging.INFO, logger="cli.autoscaler.metrics"):
+    with caplog.at_level(logging.INFO, logger="autoscaler.metrics"):
         for decision in (d for s in snapshots for d in planner.decide(s)):
             metrics.record(decision)
     value = registry.get_sample_value

@@ -15,7 +15,7 @@ Each role is decided alone, by the first of these rules that applies:
 Every change is one step (+1 or -1 pod) per call, and the driver calls once per `autoscale_interval_s`. A change
 restarts the scale-in window, which stays stopped while the change is pending.
 
-The load measures and their thresholds: cli/autoscaler/signals.py and cli/autoscaler/config.py.
+The load measures and their thresholds: autoscaler/signals.py and autoscaler/config.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.signals import Signal, role_signals
-from cli.autoscaler.snapshot import ClusterSnapshot, PodSnapshot
+from autoscaler.config import AutoscalerConfig
+from autoscaler.signals import Signal, role_signals
+from autoscaler.snapshot import ClusterSnapshot, PodSnapshot
 from common.pod_registry import PodRole
 
 Direction = Literal["up", "down", "hold"]

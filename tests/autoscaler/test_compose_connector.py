@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from cli.autoscaler.compose_connector import ComposeConnector, find_compose_command
-from cli.autoscaler.config import ComposeConfig
-from cli.autoscaler.planner import Decision
+from autoscaler.compose_connector import ComposeConnector, find_compose_command
+from autoscaler.config import ComposeConfig
+from autoscaler.planner import Decision
 from cli.main import main
 from common.errors import InvalidArgumentError
 

@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from cli.autoscaler.config import ComposeConfig
-from cli.autoscaler.planner import Decision
+from autoscaler.config import ComposeConfig
+from autoscaler.planner import Decision
 from common.errors import InvalidArgumentError
 from common.pod_registry import PodInfo, PodRole
 
