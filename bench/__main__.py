@@ -19,10 +19,10 @@ from typing import Any
 # NOTE: module names, imported once the workload is known: the online workloads need the services' packages (grpc
 # health, redis), which a GPU machine running only the offline ones may lack.
 WORKLOAD_MODULES: dict[str, str] = (
-    dict.fromkeys(("w1", "w2", "w3", "w4", "idle"), "bench.offline_cli")
-    | {"w6": "bench.kv_transfer"}
-    | {"w10": "bench.w10"}
-    | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9"), "bench.online")
+    dict.fromkeys(("w1", "w2", "w3", "w4", "idle"), "bench.offline.cli")
+    | {"w6": "bench.kv_transfer.w6"}
+    | {"w10": "bench.offline.w10"}
+    | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9"), "bench.online.cli")
 )
 
 

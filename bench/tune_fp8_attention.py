@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from bench.kernel_attention import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes, sweep_row
-from bench.limits import measure_limits
+from bench.kernels.attention import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes, sweep_row
+from bench.reporting.limits import measure_limits
 from engine.attention.decode_tuning import TABLE_PATH
 from engine.attention.triton_backend import num_kv_splits
 from engine.attention.triton_decode import DecodeTiles

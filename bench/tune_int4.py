@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.graph_timing import time_graph_us
-from bench.kernel_gemv_int4 import SHAPES, packed_nbytes, packed_weight
-from bench.limits import measure_limits
+from bench.kernels.gemv_int4 import SHAPES, packed_nbytes, packed_weight
+from bench.kernels.graph_timing import time_graph_us
+from bench.reporting.limits import measure_limits
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
 from engine.layers.quant.int4_tuning import ROW_BUCKETS, TABLE_PATH, Int4Config, table_key
 from engine.layers.quant.triton_int4 import int4_linear

@@ -1,2 +1,2 @@
-"""The product's drivers: the `pdserve` command, the local cluster launcher, the throwaway Redis server and the
-Python client."""
+"""The product's drivers: the `pdserve` command, the local cluster launcher and the throwaway Redis server (the
+Python client is the package `client`, the autoscaler the package `autoscaler`)."""

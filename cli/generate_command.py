@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, cast
 
 import grpc
 
-from cli.client import generate
-from common.grpc_errors import bad_request_fields
+from client.generation_client import generate
+from common.grpc.errors import bad_request_fields
 from common.tls import client_security
 from pdserve.v1 import generation_pb2, sampling_pb2
 

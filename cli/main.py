@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from cli.autoscaler import commands as autoscale
+from autoscaler import commands as autoscale
 from cli.credentials import add_credentials_parser
 from cli.generate_command import TOKEN_VARIABLE, add_generate_parser
 from cli.health import DEFAULT_TIMEOUT_S, check_health

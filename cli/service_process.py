@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common.child_process import popen_child
-from common.grpc_server import wait_for_health
+from common.grpc.server import wait_for_health
 from common.tls import ChannelSecurity
 
 logger = logging.getLogger(__name__)

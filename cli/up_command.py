@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from cli.autoscaler import commands as autoscale
+from autoscaler import commands as autoscale
 from cli.cluster_config import DEFAULT_METRICS_PORT, ClusterConfig, parse_gpus, visible_gpus
 from cli.credentials import ClusterCredentials
 from cli.service_process import ClusterError
@@ -24,8 +24,8 @@ from common.errors import InvalidArgumentError
 from engine.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
-    from cli.autoscaler.config import AutoscalerConfig
-    from cli.autoscaler.service import Autoscaler
+    from autoscaler.config import AutoscalerConfig
+    from autoscaler.service import Autoscaler
     from cli.cluster import LocalCluster
     from cli.running_cluster import ClusterNote
 
@@ -146,7 +146,7 @@ def _announce(
     cluster: LocalCluster, config: ClusterConfig, args: argparse.Namespace, autoscale_config: AutoscalerConfig | None
 ) -> Autoscaler | None:
     """Print where everything of the started cluster is, and start its autoscaler, if asked."""
-    from cli.autoscaler.run import start_for_cluster
+    from autoscaler.run import start_for_cluster
 
     print(
         f"pdserve router listening on {cluster.router_address} ({args.prefill} prefill, {args.decode} decode; "

@@ -26,8 +26,8 @@ import grpc.aio
 
 from common.config import doc
 from common.errors import InvalidArgumentError, PdserveError
-from common.grpc_errors import to_status
-from common.grpc_handlers import HandlerInterceptor, with_behavior
+from common.grpc.errors import to_status
+from common.grpc.handlers import HandlerInterceptor, with_behavior
 
 AUTHORIZATION_KEY = "authorization"
 BEARER_PREFIX = "Bearer "

@@ -1,4 +1,4 @@
-"""Errors shared by every layer; the gRPC boundary maps them to status codes (`common.grpc_errors`).
+"""Errors shared by every layer; the gRPC boundary maps them to status codes (`common.grpc.errors`).
 
 Each class names its status as a `google.rpc.Code` name (`status`), so the one error interceptor reports any of them
 without knowing the class, and this module stays free of gRPC.

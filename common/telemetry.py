@@ -4,10 +4,10 @@
   non-recording tracer, no provider, processor, exporter or interceptor. On: a TracerProvider (service.name
   `pdserve-<role>`) exporting in batches over OTLP (gRPC or HTTP/protobuf).
 - W3C trace context crosses gRPC in the call metadata: `Tracing.server_interceptors()` and
-  `client_interceptors()` (common.grpc_tracing) continue and send it.
+  `client_interceptors()` (common.grpc.tracing) continue and send it.
 - Across a thread hop (the engine thread): `ctx = capture_context()` on the asyncio side, `with attach(ctx):`
   (or `tracing.span(name, parent=ctx)`) on the other thread.
-Attribute names follow the OpenTelemetry GenAI semantic conventions (the RPC ones: common.grpc_tracing); pdserve's
+Attribute names follow the OpenTelemetry GenAI semantic conventions (the RPC ones: common.grpc.tracing); pdserve's
 own are `pdserve.*`.
 """
 
@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from common.grpc_tracing import ClientSpans, ServerTracingInterceptor, UnaryStreamTracing, UnaryUnaryTracing
+from common.grpc.tracing import ClientSpans, ServerTracingInterceptor, UnaryStreamTracing, UnaryUnaryTracing
 from common.telemetry_config import OtlpTarget, Role, TelemetryConfig, otlp_target
 
 logger = logging.getLogger(__name__)

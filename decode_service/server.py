@@ -10,9 +10,9 @@ from typing import Any
 import grpc.aio
 
 from common.errors import InvalidArgumentError, UnavailableError
-from common.grpc_errors import abort_with, rich_status
+from common.grpc.errors import abort_with, rich_status
+from common.grpc.request_parsing import UnparsedRequest
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
-from common.request_parsing import UnparsedRequest
 from decode_service.decode_front import DecodeFront
 from decode_service.decode_stream import DecodeStart, DecodeStreamSession, StreamBatch, StreamEnd
 from kv_transfer.target import KVTarget

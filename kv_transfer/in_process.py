@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
-from kv_transfer.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.reservation_table import ReservationReceiver, ReservationTable
+from kv_transfer.bookkeeping.send_ledger import SendLedger
 from kv_transfer.layout import KVLayout, KVRank, check_transfer_layouts
 from kv_transfer.pool_io import gather_blocks, pool_bytes, write_blocks
-from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
-from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import TransferError, TransferState, TransportError
 
 ENDPOINT_PREFIX = "inproc://"

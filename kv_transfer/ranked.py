@@ -9,9 +9,9 @@ Lifecycle of one transfer between two pods of the same sizes (every backend alik
    refused there, naming both sizes, before anything is sent. `RankedSender.send` then hands each rank's sender the
    chunk (the same block ids, read from its own pool) for the same rank's receiver: N x M transfers under one id.
    Each rank's first contact with its peer compares their layouts, rank and sizes included.
-3. ends (`kv_transfer.rank_join`): DONE once every rank's transfer is; the first rank that ends otherwise aborts the
-   others, and the hook (`on_finished` / `on_released`) fires once, after the last rank ended. `claim` claims every
-   rank.
+3. ends (`kv_transfer.bookkeeping.rank_join`): DONE once every rank's transfer is; the first rank that ends
+   otherwise aborts the others, and the hook (`on_finished` / `on_released`) fires once, after the last rank ended.
+   `claim` claims every rank.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import TypeVar
 
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver, KVSender, TransferHook, TransferStats, ignore_hook
+from kv_transfer.bookkeeping.rank_join import RankJoin, combine_states
 from kv_transfer.layout import KVLayout
-from kv_transfer.rank_join import RankJoin, combine_states
 from kv_transfer.state import TransferState
 
 ENDPOINT_SEPARATOR = ","

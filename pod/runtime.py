@@ -28,8 +28,8 @@ from collections.abc import Sequence
 import grpc.aio
 
 from common.errors import UnavailableError
-from common.grpc_errors import FIELD_PATHS, ErrorInterceptor
-from common.grpc_server import HealthState, add_port, add_standard_services, message_size_options
+from common.grpc.errors import FIELD_PATHS, ErrorInterceptor
+from common.grpc.server import HealthState, add_port, add_standard_services, message_size_options
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from common.telemetry import Tracing, setup_tracing

@@ -15,7 +15,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
-from common.grpc_server import message_size_options
+from common.grpc.server import message_size_options
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
 from common.tls import ChannelSecurity

@@ -15,7 +15,7 @@ import grpc.aio
 from google.rpc import code_pb2, status_pb2
 
 from common.errors import InvalidArgumentError, RemoteError, ResourceExhaustedError, UnavailableError
-from common.grpc_errors import bad_request_fields, call_status, retry_delay_s
+from common.grpc.errors import bad_request_fields, call_status, retry_delay_s
 
 _TRANSFER_CODES = frozenset({code_pb2.ABORTED, code_pb2.NOT_FOUND, code_pb2.FAILED_PRECONDITION})
 _PEER_GONE_CODES = frozenset({code_pb2.UNKNOWN, code_pb2.CANCELLED})

@@ -37,8 +37,8 @@ import grpc.aio
 from transformers import PreTrainedTokenizerBase
 
 from common.auth import authenticator_for
-from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_port, add_standard_services, message_size_options, pending_call_options
+from common.grpc.errors import ErrorInterceptor
+from common.grpc.server import add_port, add_standard_services, message_size_options, pending_call_options
 from common.metrics import ServiceMetrics, multiprocess_registry
 from common.pod_registry import PodRegistry
 from common.prefix_directory import PrefixDirectory

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc.aio
 
-from common.grpc_errors import to_status
+from common.grpc.errors import to_status
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from client.generation_client import GenerationClient
 
 PROMPT = "Once upon a time a robot learned to paint the sea, and every evening it painted one more wave. "
 POD_ARGS = ("--heartbeat-s", "0.2", "--num-blocks", "512", "--long-prefill-token-threshold", "64")

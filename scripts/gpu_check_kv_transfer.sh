@@ -4,7 +4,7 @@
 #   OUT=/some/folder bash scripts/gpu_check_kv_transfer.sh      (from the repository root; about 4-5 minutes)
 #
 # Writes to $OUT: env.txt (GPUs, links, torch/NCCL), one log per step, pytest_*.xml, w6_*.json (each the result of
-# bench.kv_transfer.run), and summary.txt (every step's exit code and time, then the 4k-token figures
+# bench.kv_transfer.w6.run), and summary.txt (every step's exit code and time, then the 4k-token figures
 # against the acceptance targets). Steps share a budget of BUDGET_S seconds: a step never runs past it, and steps
 # are skipped once it is spent, so the script ends in time even when something hangs.
 set -u -o pipefail

@@ -25,11 +25,11 @@ from urllib.parse import urlsplit, urlunsplit
 import grpc
 import torch
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.credentials import ClusterCredentials, make_ca, make_leaf
 from cli.health import check_health
+from client.generation_client import GenerationClient
 from common.errors import UnavailableError
 from common.pod_registry import PodRegistry
 from common.tls import INTERNAL_SERVER_NAME, ClusterTLSConfig, client_security, kv_client_context, kv_server_context

@@ -18,13 +18,14 @@ from pathlib import Path, PurePosixPath
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"pdserve"}),
     frozenset({"common"}),
+    frozenset({"client"}),
     frozenset({"kv_transfer"}),
     frozenset({"engine"}),
     frozenset({"pod"}),
     frozenset({"router", "prefill_service", "decode_service"}),
-    frozenset({"bench", "cli"}),
+    frozenset({"bench", "cli", "autoscaler"}),
 )
-SIDEWAYS_OK: frozenset[frozenset[str]] = frozenset({frozenset({"bench", "cli"})})
+SIDEWAYS_OK: frozenset[frozenset[str]] = frozenset({frozenset({"bench", "cli", "autoscaler"})})
 # Folders that are not packages themselves: `protos/pdserve/...` is the package `pdserve`.
 SOURCE_ROOTS = ("protos/",)
 EXCLUDED_DIRS = ("tests/", "scripts/")

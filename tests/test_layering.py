@@ -1,6 +1,7 @@
-"""The packages' layering, bottom to top: pdserve (protos/) < common < kv_transfer < engine < pod <
-router | prefill_service | decode_service < bench | cli. No import runs upward; router and the two pod roles import
-none of each other (bench and cli may import each other); no file-level import cycle anywhere."""
+"""The packages' layering, bottom to top: pdserve (protos/) < common < client < kv_transfer < engine < pod <
+router | prefill_service | decode_service < bench | cli | autoscaler. No import runs upward; router and the two pod
+roles import none of each other (bench, cli and autoscaler may import each other); no file-level import cycle
+anywhere."""
 
 from __future__ import annotations
 

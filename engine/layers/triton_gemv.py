@@ -1,7 +1,7 @@
 # mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
 """One-row GEMV (`x [1, K] @ weight[N, K]^T + bias`) as a Triton kernel: a decode step at batch 1 reads every
 weight once, and this kernel streams them ~5-15% faster than cuBLAS's choice for the 8B projection shapes
-(bench/kernel_gemv.py, H100). Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, keeping
+(bench/kernels/gemv.py, H100). Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, keeping
 BLOCK_N x BLOCK_K float32 partial sums so the loads of the next tile need not wait for a reduction.
 `linear_silu_and_mul` runs the gate_up projection with SwiGLU in the same launch (engine.layers.triton_gated).
 """

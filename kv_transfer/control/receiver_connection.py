@@ -6,10 +6,10 @@ import logging
 import socket
 from collections.abc import Callable
 
+from kv_transfer.bookkeeping.reservation_table import ReservationTable
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, discard, encode_error_frame, read_head, read_hello
 from kv_transfer.layout import KVLayout, check_transfer_layouts
-from kv_transfer.reservation_table import ReservationTable
 from kv_transfer.state import LayoutMismatchError, ProtocolError, TransferError
 
 logger = logging.getLogger(__name__)

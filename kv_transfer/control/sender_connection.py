@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Generic
 
 from common.tls import INTERNAL_SERVER_NAME
+from kv_transfer.bookkeeping.send_ledger import SendLedger
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderLink, SenderPlane, Staged
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
 from kv_transfer.control.tls_socket import TLSSocket
 from kv_transfer.layout import KVLayout, check_transfer_layouts
-from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import ProtocolError, TransferError, TransportError
 
 logger = logging.getLogger(__name__)

@@ -19,13 +19,13 @@ from abc import abstractmethod
 import torch
 
 from kv_transfer.base import TransferHook, ignore_hook
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.reservation_table import ReservationReceiver, ReservationTable
 from kv_transfer.control.address import format_endpoint
 from kv_transfer.control.data_plane import ReceiverPlane
 from kv_transfer.control.receiver_connection import ReceiverConnection
 from kv_transfer.control.tls_socket import TLSSocket
-from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout, KVRank
-from kv_transfer.reservation_table import ReservationReceiver, ReservationTable
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from typing import Generic
 import torch
 
 from kv_transfer.base import KVSender, TransferHook, TransferStats, check_send_args, ignore_hook
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
+from kv_transfer.bookkeeping.send_ledger import SendLedger
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.data_plane import SenderPlane, Staged
 from kv_transfer.control.sender_connection import Outgoing, OutgoingAbort, OutgoingChunk, SenderConnection
-from kv_transfer.housekeeper import Housekeeper
 from kv_transfer.layout import KVLayout, KVRank
-from kv_transfer.send_ledger import SendLedger
 from kv_transfer.state import TransferState, TransportError
 
 

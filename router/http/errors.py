@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from google.rpc import status_pb2
 
 from common.errors import InvalidArgumentError, PdserveError, RemoteError
-from common.grpc_errors import retry_delay_s
+from common.grpc.errors import retry_delay_s
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FP8 weights and FP8 KV cache on one GPU (H100/H200). First the on-device tuning, whose winners go into the tree's
 # tables (the kernels read them at import) and to $OUT: the FP8 GEMV's tiles per Qwen3-8B projection
-# (bench/kernel_fp8_gemv.py --write-table -> engine/layers/fp8_gemv_tiles.json; it also times the 2048-row prefill
+# (bench/kernels/fp8_gemv.py --write-table -> engine/layers/fp8_gemv_tiles.json; it also times the 2048-row prefill
 # path per projection) and the decode kernel's tiles and split density on an fp8 KV pool at batch 64
 # (bench/tune_fp8_attention.py -> engine/attention/decode_tuning.json). Then, with those tables: the fp8 GPU tests,
 # W1 batch-1 TPOT and W2 2048-token TTFT bf16 vs fp8 (Qwen3-8B shape, random weights), and decode attention on fp8
@@ -20,11 +20,11 @@ BUDGET_S=${BUDGET_S:-500}
 source "$(dirname "$0")/lib.sh"
 
 W8B=(--model-shape qwen3-8b --max-num-seqs 8 --num-blocks 2048)
-step gemv_fp8 130 python3 -m bench.kernel_fp8_gemv --out "$LOGS" --write-table
+step gemv_fp8 130 python3 -m bench.kernels.fp8_gemv --out "$LOGS" --write-table
 step tune_attention_fp8 240 python3 -m bench.tune_fp8_attention --out "$LOGS"
 cp engine/attention/decode_tuning.json "$LOGS/"
 step gpu_tests 100 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA tests/engine/test_fp8_gpu.py
-step attention_fp8 45 python3 -m bench.kernel_attention --out "$LOGS" --kv-cache-dtype fp8 --sections decode
+step attention_fp8 45 python3 -m bench.kernels.attention --out "$LOGS" --kv-cache-dtype fp8 --sections decode
 for q in none fp8; do
     step "w1_$q" 45 python3 -m bench --workload w1 "${W8B[@]}" --quantization "$q" --num-prompts 2 --input-len 128 \
         --output-len 256 --json "$LOGS/w1_$q.json"
@@ -51,7 +51,7 @@ SPOT_TOKENIZER="$LOGS/spot_tokenizer"
 PROMPT=$(seq -s " t" 11 11 440)
 PROMPT="t$PROMPT"
 python3 -c "
-from bench.cluster_target import write_synthetic_tokenizer
+from bench.online.cluster_target import write_synthetic_tokenizer
 from engine.models.shapes import MODEL_SHAPES
 write_synthetic_tokenizer('$SPOT_TOKENIZER', MODEL_SHAPES['qwen3-0.6b']['vocab_size'])" >"$LOGS/spot_tokenizer.log" 2>&1
 
@@ -85,7 +85,7 @@ print(greedy(engine, [list(range(11, 441, 11))], 24)[0])"
 spot bf16 --quantization none
 fi
 
-python3 -m bench.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8 w2=none,fp8 fp8_gemv >>"$SUMMARY" 2>&1
+python3 -m bench.reporting.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8 w2=none,fp8 fp8_gemv >>"$SUMMARY" 2>&1
 python3 - "$LOGS" >>"$SUMMARY" 2>&1 <<'EOF'
 import ast, json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])

@@ -3,7 +3,7 @@
 # 1. the int4 sweep at 1 row (bench/tune_int4.py --buckets 1: every GEMV tile x split-K in packed half precision
 #    (HALF2), the float32 GEMV on its former winners; each candidate's output checked against float32 before it is
 #    timed), its table copied into the tree (engine/layers/quant/int4_tuned.json; the other buckets' entries kept);
-# 2. the fp8 GEMV sweep (bench/kernel_fp8_gemv.py --write-table: tiles per projection, each checked before it is
+# 2. the fp8 GEMV sweep (bench/kernels/fp8_gemv.py --write-table: tiles per projection, each checked before it is
 #    timed, into engine/layers/fp8_gemv_tiles.json; also the bf16 GEMV per projection and the 2048-row fp8 path);
 # 3. the GPU tests of both (int4 kernels at the 8B shapes incl. HALF2 in bf16/fp16, a random Qwen3 in int4 vs bf16;
 #    the fp8 GEMV at the 8B shapes and fp8 prompt logits vs bf16), on the new tables;
@@ -23,7 +23,7 @@ W8B=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 step tune_int4 120 python3 -m bench.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 70 --buckets 1
 grep -E "^copy|rows 1:|^wrote|budget" "$LOGS/tune_int4.log" >>"$SUMMARY"
 [[ -f "$LOGS/int4_tuned.json" ]] && cp "$LOGS/int4_tuned.json" engine/layers/quant/int4_tuned.json
-step gemv_fp8 90 python3 -m bench.kernel_fp8_gemv --out "$LOGS" --write-table
+step gemv_fp8 90 python3 -m bench.kernels.fp8_gemv --out "$LOGS" --write-table
 step gpu_tests 80 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA \
     tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py tests/engine/test_fp8_gpu.py -k "int4 or gemv or logits"
 # NOTE: gptq first (its random weights are quantized in memory: the slowest start), bf16 last (the baseline, 6.01 ms
@@ -33,7 +33,7 @@ for method in gptq fp8 none; do
     step "w1_$method" "${W1_LIMIT_S[$method]}" python3 -m bench --workload w1 "${W8B[@]}" --quantization "$method" \
         --num-prompts 2 --input-len 128 --output-len 256 --json "$LOGS/w1_$method.json"
 done
-python3 -m bench.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8,gptq gemv fp8_gemv >>"$SUMMARY" 2>&1
+python3 -m bench.reporting.gpu_summary "$LOGS" tests=gpu_tests w1=none,fp8,gptq gemv fp8_gemv >>"$SUMMARY" 2>&1
 echo "total: $((SECONDS - START))s" | tee -a "$SUMMARY"
 tar -czf "$OUT/tables.tar.gz" engine/layers/quant/int4_tuned.json engine/layers/fp8_gemv_tiles.json
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"

@@ -24,7 +24,7 @@ if [[ -f "$LOGS/int4_tuned.json" ]]; then
 fi
 step int4_tests 110 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA \
     tests/engine/test_int4_kernels.py tests/engine/test_int4_gpu.py
-step gemv_int4 50 python3 -m bench.kernel_gemv_int4 --out "$LOGS"
+step gemv_int4 50 python3 -m bench.kernels.gemv_int4 --out "$LOGS"
 grep -E "^[0-9]+x[0-9]+:|^copy" "$LOGS/gemv_int4.log" >>"$SUMMARY"
 for method in none gptq; do
     step "w1_$method" 85 python3 -m bench --workload w1 "${SHAPE[@]}" --quantization "$method" --num-prompts 2 \
@@ -32,7 +32,7 @@ for method in none gptq; do
 done
 step w2_gptq 75 python3 -m bench --workload w2 "${SHAPE[@]}" --quantization gptq --num-prompts 3 --input-len 2048 \
     --json "$LOGS/w2_gptq.json"
-python3 -m bench.gpu_summary "$LOGS" tests=int4_tests w1=none,gptq w2=gptq >>"$SUMMARY" 2>&1
+python3 -m bench.reporting.gpu_summary "$LOGS" tests=int4_tests w1=none,gptq w2=gptq >>"$SUMMARY" 2>&1
 echo "total: $((SECONDS - START))s" >>"$SUMMARY"
 cat "$SUMMARY"
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$OUT/gpus.txt" 2>&
 timeout 180 python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/engine/parallel/test_parallel_gpu.py \
   2>&1 | tail -15 >"$OUT/gpu_tests.txt"
 for tp in 1 2; do
-  timeout 150 python3 -m bench.tp_decode --tensor-parallel-size "$tp" 2>"$OUT/tpot_tp$tp.log" | tail -1 >"$OUT/tpot_tp$tp.json"
+  timeout 150 python3 -m bench.offline.tp_decode --tensor-parallel-size "$tp" 2>"$OUT/tpot_tp$tp.log" | tail -1 >"$OUT/tpot_tp$tp.json"
 done
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys

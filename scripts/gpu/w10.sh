@@ -2,11 +2,11 @@
 # W10 on the GPU (issue 13): decode with speculation on vs off on the Qwen3-8B shape (random bf16 weights, CUDA
 # graphs on), replay proposer at acceptance 1.0/0.75/0.5/0.25/0.0, k=4, batch 1, 16 and 64 (128 prompt tokens,
 # 128 output tokens, EOS ignored). Each acceptance level replays the speculating engine's own greedy output until it
-# reproduces it (bench/w10.py, engine.spec.replay.replay_until_reproduced; at most 16 rounds), the last round timed.
+# reproduces it (bench/offline/w10.py, engine.spec.replay.replay_until_reproduced; at most 16 rounds), the last round timed.
 # Batch 64 never proposes (disable_by_batch_size 32): its rows take one round of plain decode steps (~1 s each).
 # Total run time: about 3 minutes on an H100, at most 5 (two 8B engines built; the bench is cut at 270 s).
 # Run from the repo root: source scripts/device_env.sh && OUT=... bash scripts/gpu/w10.sh
-# Writes $OUT/w10.json (bench.w10's rows), $OUT/w10.log and $OUT/w10.svg (scripts/plot_spec_curve.py: TPOT ratio
+# Writes $OUT/w10.json (bench.offline.w10's rows), $OUT/w10.log and $OUT/w10.svg (scripts/plot_spec_curve.py: TPOT ratio
 # vs acceptance, batch 1 and 16, with the bounds); prints one table line per row, then the acceptance checks of
 # issue 13 (batch 1: ratio <= 0.35 at acceptance 1.0 and <= 1.05 at 0.0; batch 64: throughput >= 0.97x; every
 # row's timed round on its recording), and the step times that `--workload w10 --spec-tasks ... --step-ms` takes.

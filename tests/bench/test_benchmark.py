@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.limits import decode_bytes_per_step
-from bench.stats import RequestTiming, RunStats, percentile
+from bench.reporting.limits import decode_bytes_per_step
+from bench.reporting.stats import RequestTiming, RunStats, percentile
 from bench.workloads import make_workload
 from cli.main import main as pdserve_main
 from engine.llm import LLM
@@ -68,12 +68,13 @@ def test_bench_cli_on_tiny_shape(tmp_path: Path) -> None:
 
 
 def test_every_workload_dispatches_to_the_module_that_runs_it() -> None:
-    from bench import offline_cli, online
     from bench.__main__ import WORKLOAD_MODULES
+    from bench.offline import cli as offline_cli
+    from bench.online import cli as online
 
-    assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.offline_cli"} == set(offline_cli.WORKLOADS)
-    assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.online"} == set(online.WORKLOADS)
-    assert WORKLOAD_MODULES["w6"] == "bench.kv_transfer"
+    assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.offline.cli"} == set(offline_cli.WORKLOADS)
+    assert {w for w, m in WORKLOAD_MODULES.items() if m == "bench.online.cli"} == set(online.WORKLOADS)
+    assert WORKLOAD_MODULES["w6"] == "bench.kv_transfer.w6"
 
 
 def test_decode_bytes_count_the_embedding_table_only_while_the_lm_head_reads_it(smollm2_path: Path) -> None:

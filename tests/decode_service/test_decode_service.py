@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2
 
 import decode_service.__main__ as decode_main
 from cli.redis_server import RedisServer
-from common.grpc_errors import bad_request_fields
+from common.grpc.errors import bad_request_fields
 from engine.core.client import EngineCoreClient
 from engine.core.process import CoreReady
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, sampling_pb2

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
-from cli.autoscaler.config import AutoscalerConfig
+from autoscaler.config import AutoscalerConfig
 from cli.main import _parser
 from common.config import env_name
 from pod.config import PodServerConfig, RegistryConfig

@@ -10,9 +10,9 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from client.generation_client import GenerationClient
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle
 
 _clusters: list[LocalCluster] = []

@@ -16,7 +16,7 @@ import time
 
 import grpc.aio
 
-from common.grpc_server import add_standard_services
+from common.grpc.server import add_standard_services
 from common.pod_registry import PodInfo, PodRegistry
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from cli.client import GenerationClient
+from client.generation_client import GenerationClient
 from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2

@@ -31,13 +31,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.autoscaler.config import AutoscalerConfig
-from cli.autoscaler.run import start_for_cluster
-from cli.client import GenerationClient
+from autoscaler.config import AutoscalerConfig
+from autoscaler.run import start_for_cluster
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from cli.redis_server import RedisServer
+from client.generation_client import GenerationClient
 from common.child_process import popen_child
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until

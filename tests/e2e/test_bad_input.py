@@ -8,9 +8,9 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from common.grpc_errors import bad_request_fields
+from client.generation_client import GenerationClient
+from common.grpc.errors import bad_request_fields
 from tests.e2e.support import Oracle, run
 
 CASES = [

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from cli.client import GenerationClient, build_request
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient, build_request
 from common.pod_registry import PodInfo
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S, REQUEST_TIMEOUT_S, num_blocks, wait_until

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.ports import free_port
 from cli.running_cluster import notes_folder
+from client.generation_client import GenerationClient
 from common.child_process import popen_child
 from tests.e2e.support import POD_ARGS, STARTUP_TIMEOUT_S, Oracle, run_concurrently, up_env
 from tests.process_tree import descendants, still_running

@@ -25,10 +25,10 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
+from client.generation_client import GenerationClient
 from common.auth import bearer_metadata
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S, POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, wait_until

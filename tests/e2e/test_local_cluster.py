@@ -15,7 +15,7 @@ import pytest
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig, Role
 from cli.service_process import ClusterError
-from common.grpc_server import wait_for_health
+from common.grpc.server import wait_for_health
 
 STANDIN = str(Path(__file__).with_name("standin_service.py"))
 

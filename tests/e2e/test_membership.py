@@ -7,8 +7,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import Oracle, run, run_concurrently, wait_until
 
 JOIN_BOUND_S = 5.0

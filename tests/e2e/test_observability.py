@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
-from common.grpc_server import wait_for_health
+from client.generation_client import GenerationClient
+from common.grpc.server import wait_for_health
 from common.telemetry import (
     GEN_AI_OPERATION_NAME,
     GEN_AI_REQUEST_MAX_TOKENS,

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from client.generation_client import GenerationClient
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run

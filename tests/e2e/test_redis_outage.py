@@ -8,8 +8,8 @@ import time
 
 import grpc
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from common.block_hash import block_extra_keys, hash_prompt_blocks
 from common.prefix_directory import PrefixDirectory
 from tests.e2e.support import (

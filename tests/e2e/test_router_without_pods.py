@@ -16,11 +16,11 @@ import grpc
 import httpx
 import pytest
 
-from cli.client import build_request
 from cli.health import check_health
 from cli.ports import free_port
 from cli.redis_server import RedisServer
 from cli.service_process import ServiceProcess
+from client.generation_client import build_request
 from engine.config import DEFAULT_MODEL
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, wait_until

@@ -19,10 +19,10 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.client import build_request
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
+from client.generation_client import build_request
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, channels_to_each_worker, wait_until
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from engine.model_store import resolve_model
 from tests.e2e.support import BLOCK_SIZE, Oracle, num_blocks, run
 

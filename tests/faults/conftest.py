@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import Oracle
 from tests.faults.input_support import KV_LEASE_S
 from tests.faults.support import fault_cluster

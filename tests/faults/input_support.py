@@ -16,9 +16,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2
 
-from cli.client import GenerationClient
-from common.grpc_errors import bad_request_fields
-from common.grpc_server import message_size_options
+from client.generation_client import GenerationClient
+from common.grpc.errors import bad_request_fields
+from common.grpc.server import message_size_options
 from pdserve.v1 import decode_pb2
 from tests.e2e.support import run
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 
-from cli.client import build_request
 from cli.cluster import LocalCluster
+from client.generation_client import build_request
 from common.child_process import die_with_parent
-from common.grpc_errors import retry_delay_s
+from common.grpc.errors import retry_delay_s
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from tests.e2e.support import HEARTBEAT_S
 from tests.faults.support import STREAM_TIMEOUT_S

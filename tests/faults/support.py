@@ -19,9 +19,9 @@ from typing import Any
 
 import grpc
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
+from client.generation_client import GenerationClient
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import generation_pb2
 from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S

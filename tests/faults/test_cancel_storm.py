@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cli.client import build_request
 from cli.cluster import LocalCluster
+from client.generation_client import build_request
 from pdserve.v1 import generation_pb2_grpc
 from tests.faults.overload_support import KV_BOUND_S, PROMPT, closed_loop
 from tests.faults.support import fault_cluster, kv_at_baseline, log_errors, seconds_until

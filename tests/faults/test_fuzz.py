@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from pdserve.v1 import decode_pb2, generation_pb2, kv_transfer_pb2, prefill_pb2, sampling_pb2
 from tests.e2e.support import wait_until
 from tests.faults.input_support import (

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import Oracle, run
 from tests.faults.support import (
     SOAK_TIMEOUT_S,

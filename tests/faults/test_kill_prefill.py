@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import Oracle
 from tests.faults.support import (
     SOAK_TIMEOUT_S,

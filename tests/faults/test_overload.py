@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cli.client import build_request
 from cli.cluster import LocalCluster
+from client.generation_client import build_request
 from pdserve.v1 import generation_pb2_grpc
 from tests.faults.overload_support import (
     CLIENT_START_S,

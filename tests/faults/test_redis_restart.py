@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import BLOCK_SIZE, run, sequential, token_prefix, wait_until, with_suffix
 from tests.e2e.test_redis_outage import cached_blocks, registered_and_seen
 from tests.faults.input_support import PARIS, answers_paris

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
-from common.grpc_errors import retry_delay_s
+from client.generation_client import GenerationClient
+from common.grpc.errors import retry_delay_s
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.admission import DRAIN_RETRY_S
 from router.server import SERVICE_NAME

@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
+from client.generation_client import GenerationClient
 from tests.e2e.support import run, wait_until
 from tests.faults.input_support import PARIS, answers_paris
 from tests.faults.support import kv_at_baseline

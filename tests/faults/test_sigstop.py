@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.service_process import ServiceProcess
+from client.generation_client import GenerationClient
 from tests.e2e.support import BLOCK_SIZE, Oracle, run
 from tests.faults.support import (
     Stream,

@@ -20,8 +20,8 @@ import grpc.aio
 from grpc_health.v1 import health_pb2
 
 from common.errors import ResourceExhaustedError
-from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_standard_services
+from common.grpc.errors import ErrorInterceptor
+from common.grpc.server import add_standard_services
 from common.telemetry import (
     EVENT_FIRST_TOKEN,
     GEN_AI_OPERATION_NAME,

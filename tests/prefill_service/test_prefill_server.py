@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from common.grpc_errors import ErrorInterceptor
+from common.grpc.errors import ErrorInterceptor
 from kv_transfer.state import TransferAbortedError
 from pdserve.v1 import kv_transfer_pb2, prefill_pb2, sampling_pb2
 from pod.runtime import POD_FIELD_PATHS

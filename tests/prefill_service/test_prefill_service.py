@@ -13,7 +13,7 @@ import pytest
 
 from cli.redis_server import RedisServer
 from common.block_hash import block_extra_keys, hash_prompt_blocks
-from common.grpc_errors import bad_request_fields
+from common.grpc.errors import bad_request_fields
 from common.prefix_directory import PrefixDirectory
 from pdserve.v1 import kv_transfer_pb2, prefill_pb2, sampling_pb2
 from tests.decode_service.pod_pair import BLOCK_SIZE, PREFILL_ID, PodPair, read_all, running_pods

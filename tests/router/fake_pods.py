@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.block_hash import BlockHash
 from common.errors import UnavailableError
-from common.grpc_errors import ErrorInterceptor, abort_with
+from common.grpc.errors import ErrorInterceptor, abort_with
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import (
     decode_pb2,

@@ -10,7 +10,7 @@ import pytest
 
 from cli.redis_server import RedisServer
 from common.errors import UnavailableError
-from common.grpc_server import add_standard_services
+from common.grpc.server import add_standard_services
 from common.pod_registry import PodInfo, PodRegistry, PodRole
 from router.local_load import LocalLoads
 from router.pod_view import PodView

@@ -13,7 +13,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from common.errors import ResourceExhaustedError
-from common.grpc_errors import retry_delay_s
+from common.grpc.errors import retry_delay_s
 from router.config import RouterConfig
 from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool

@@ -11,7 +11,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from common.errors import ResourceExhaustedError, UnavailableError
-from common.grpc_errors import retry_delay_s
+from common.grpc.errors import retry_delay_s
 from pdserve.v1 import sampling_pb2
 from router.migration import BACKOFF_MAX_S, RetryBudget
 from router.model_info import ModelInfo

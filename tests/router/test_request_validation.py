@@ -10,7 +10,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from common.errors import InvalidArgumentError
-from common.grpc_errors import bad_request_fields
+from common.grpc.errors import bad_request_fields
 from pdserve.v1 import generation_pb2, sampling_pb2
 from router.model_info import ModelInfo
 from router.tokenizer_pool import TokenizerPool

@@ -15,7 +15,7 @@ import grpc.aio
 import pytest
 
 from common.auth import AuthInterceptor, TokenAuthenticator, bearer_metadata
-from common.grpc_errors import ErrorInterceptor
+from common.grpc.errors import ErrorInterceptor
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.router_process import RouterProcess
 from router.running_requests import AbortResult, RunningRequests, merge_aborts

@@ -25,8 +25,8 @@ from common.auth import (
     load_tokens,
 )
 from common.errors import InvalidArgumentError
-from common.grpc_errors import ErrorInterceptor
-from common.grpc_server import add_standard_services
+from common.grpc.errors import ErrorInterceptor
+from common.grpc.server import add_standard_services
 
 GENERATE = "/pdserve.v1.GenerationService/Generate"
 

@@ -20,11 +20,11 @@ import grpc
 import pytest
 import torch
 
-from cli.client import GenerationClient
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig
 from cli.credentials import ClusterCredentials
 from cli.health import check_health
+from client.generation_client import GenerationClient
 from common.errors import UnavailableError
 from common.pod_registry import PodRegistry
 from common.tls import ClusterTLSConfig, client_security, internal_channel_security, kv_client_context

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.spec_acceptance import load_task_set
+from bench.offline.spec_acceptance import load_task_set
 from engine import LLM, SamplingParams
 
 PROMPTS = [
@@ -63,7 +63,7 @@ def test_sixteen_copy_heavy_prompts_equal_without_speculation(llms: tuple[LLM, L
     """Greedy, 16 prompts of mixed lengths from the W10 task sets (code edits, quoting summaries, extraction) plus the
     two above, batched: token for token the same, proposals accepted, the block pool free afterwards."""
     off, on = llms
-    tasks = Path(__file__).resolve().parents[3] / "bench" / "spec_tasks"
+    tasks = Path(__file__).resolve().parents[3] / "bench" / "offline" / "spec_tasks"
     prompts = (
         PROMPTS
         + [

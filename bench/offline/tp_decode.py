@@ -1,0 +1,65 @@
+"""Batch-1 decode TPOT of one engine configuration (`python -m bench.offline.tp_decode --tensor-parallel-size 2`):
+random weights of a named shape, one prompt, greedy; the time between output tokens after the first, as JSON.
+
+Run once per configuration, each in its own process (so one releases its GPUs before the next starts);
+scripts/gpu/tp.sh compares TP=2 with TP=1 this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+
+from common.sampling_params import SamplingParams
+from engine.llm import engine_config
+from engine.llm_engine import LLMEngine
+
+
+def measure_tpot(engine: LLMEngine, input_len: int, output_len: int, req_id: str) -> list[float]:
+    """Seconds between consecutive output tokens of one greedy request (the first token excluded)."""
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    engine.add_request(req_id, [(7 * i) % 1000 + 1 for i in range(input_len)], params)
+    stamps: list[float] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            stamps += [time.perf_counter()] * len(output.new_token_ids)
+    return [b - a for a, b in itertools.pairwise(stamps[1:])]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model-shape", default="qwen3-8b")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--num-blocks", type=int, default=1024)
+    args = parser.parse_args(argv)
+    config = engine_config(
+        f"shape:{args.model_shape}",
+        load_format="dummy",
+        dtype="bfloat16",
+        num_blocks=args.num_blocks,
+        max_num_seqs=8,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    engine = LLMEngine(config)
+    measure_tpot(engine, args.input_len, 16, "warmup")
+    gaps = measure_tpot(engine, args.input_len, args.output_len, "timed")
+    print(
+        json.dumps(
+            {
+                "model_shape": args.model_shape,
+                "tensor_parallel_size": args.tensor_parallel_size,
+                "tpot_ms_median": 1e3 * statistics.median(gaps),
+                "tpot_ms_mean": 1e3 * statistics.fmean(gaps),
+                "num_tokens": len(gaps) + 1,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

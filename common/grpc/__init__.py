@@ -1,0 +1,1 @@
+"""The gRPC boundary every pdserve server shares: standard services, interceptors, tolerant request parsing."""

@@ -1,0 +1,27 @@
+"""Housekeeper: periodic reaping and ordered hooks on one thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kv_transfer.bookkeeping.housekeeper import Housekeeper
+
+
+def test_hooks_run_in_order_on_its_thread_and_stop_flushes_them() -> None:
+    reaps: list[float] = []
+    ran: list[tuple[int, str]] = []
+    housekeeper = Housekeeper("test-housekeeper", lambda: reaps.append(time.monotonic()), 0.02)
+
+    def failing() -> None:
+        raise RuntimeError("a broken hook must not stop the others")
+
+    housekeeper.post(lambda: ran.append((1, threading.current_thread().name)))
+    housekeeper.post(failing)
+    housekeeper.post(lambda: ran.append((2, threading.current_thread().name)))
+    time.sleep(0.1)
+    housekeeper.post(lambda: ran.append((3, threading.current_thread().name)))
+    housekeeper.stop()
+
+    assert ran == [(1, "test-housekeeper"), (2, "test-housekeeper"), (3, "test-housekeeper")]
+    assert 3 <= len(reaps) <= 6
