@@ -1,3 +1,3 @@
-"""`pdserve bench`: the workloads of BENCHMARKS.md, by kind: `offline` (the engine in this process), `online`
+"""`pdserve bench`: the workloads of docs/workloads.md, by kind: `offline` (the engine in this process), `online`
 (through the router of a real cluster), `kv_transfer` (W6), `kernels` (GPU micro-benchmarks) and `reporting`
 (statistics, device limits, the GPU scripts' summaries); `workloads` holds the request sets they share."""

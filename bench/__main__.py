@@ -1,8 +1,8 @@
-"""`pdserve bench` (also `python -m bench`): the workloads of BENCHMARKS.md.
+"""`pdserve bench` (also `python -m bench`): the workloads of docs/workloads.md.
 
-Offline, with the engine in this process: w1 decode-bs1, w2 ttft, w3 nano, w4 grid, and idle (GPU idle time
-between decode steps). w6: KV transfer between two processes over tcp, cuda_ipc or nccl. Online, through the
-router of a real cluster: w2online (router TTFT vs the colocated engine), w5, w7, w8, w9.
+Offline, with the engine in this process: w1 decode-bs1, w2 ttft, w3 nano, w4 grid, idle (GPU idle time between
+decode steps) and w10 (decode with speculation on vs off). w6: KV transfer between two processes over tcp, cuda_ipc
+or nccl. Online, through the router of a real cluster: w2online (router TTFT vs the colocated engine), w5, w7-w9.
 `pdserve bench --workload NAME --help` lists that workload's flags. The figures are printed as JSON (--json:
 also written to a file).
 """

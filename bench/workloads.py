@@ -1,4 +1,4 @@
-"""The offline workloads of BENCHMARKS.md: random token-id prompts, fixed output lengths, EOS ignored."""
+"""The offline workloads of docs/workloads.md: random token-id prompts, fixed output lengths, EOS ignored."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if workers > 1:
         return supervise(config, routing, telemetry, security, workers)
     # NOTE: uvloop: much of gRPC's asyncio work per call and per message is event-loop callbacks, which cost less
-    # there (bench.grpc_floor on the 2-core machine: a two-hop relay of 33 messages 2.0-2.1 ms of CPU per call on
+    # there (bench.online.grpc_floor on the 2-core machine: a two-hop relay of 33 messages 2.0-2.1 ms of CPU per call on
     # uvloop, 2.4-2.5 ms on asyncio's loop).
     uvloop.run(serve(config, routing, telemetry, security))
     return 0

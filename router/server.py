@@ -1,7 +1,7 @@
 """The public gRPC servicer: decode protobuf, call the router's core, encode protobuf.
 
 Errors are raised as pdserve errors (or a pod's grpc.aio.AioRpcError, passed through) and turned
-into statuses with google.rpc details by common.grpc_errors.ErrorInterceptor.
+into statuses with google.rpc details by common.grpc.errors.ErrorInterceptor.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The offline workloads (engine in-process): W1-W4 of BENCHMARKS.md, and `idle` (GPU idle time between decode
-steps), on real or random-weight models, with the physical limits and the transformers baseline."""
+"""The offline workloads (engine in-process): W1-W4 of docs/workloads.md, and `idle` (GPU idle time between
+decode steps), on real or random-weight models, with the physical limits and the transformers baseline."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""W10 of BENCHMARKS.md: decode with speculation on vs off.
+"""W10 of docs/workloads.md: decode with speculation on vs off.
 
 Two modes:
 - controlled acceptance (default; GPU, e.g. `--model-shape qwen3-8b`): random prompts decoded greedily without

@@ -1,4 +1,4 @@
-"""The online workloads of BENCHMARKS.md, through the router of a real cluster: W2-online, W5, W7, W8, W9.
+"""The online workloads of docs/workloads.md, through the router of a real cluster: W2-online, W5, W7, W8, W9.
 
 `add_arguments(parser)` adds every flag they read (not --workload); `run(args)` runs `args.workload` (one of
 `WORKLOADS`) and returns its figures as a JSON-able dict. Unless --address names a running router, the run

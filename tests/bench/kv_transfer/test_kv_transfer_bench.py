@@ -29,7 +29,8 @@ def test_defaults_are_w6s() -> None:
     )
     layout = model_layout(args.model_shape, args.dtype, args.block_size)
     assert layout == KVLayout("bfloat16", 16, 36, 8, 128)
-    assert layout.block_nbytes // layout.block_size == 144 * 1024  # BENCHMARKS.md: 144 KiB per token
+    # 144 KiB per token (docs/workloads.md): 36 layers x (K, V) x 8 KV heads x 128 head dim x 2 bytes of bf16
+    assert layout.block_nbytes // layout.block_size == 144 * 1024
     with pytest.raises(SystemExit):
         _args("--tokens", "512,x")
 
