@@ -6,9 +6,10 @@ it returns. The factory gives host pools to `tcp` only; the host stream lets the
 CPU too.
 
 NOTE: a sender reads blocks only after the fence of the work that wrote them; a receiver's writes into reserved
-blocks wait for everything queued on the engine's stream by then: under async scheduling the engine frees a finished
-request's blocks while the step in flight may still write that request's last K/V into one of them, and such a
-block can be reserved again at once.
+blocks wait for the reservation's fence: everything the engine had queued on its stream when it reserved them (under
+async scheduling the engine frees a finished request's blocks while the step in flight may still write that
+request's last K/V into one of them, and such a block can be reserved again at once). Nothing the engine queues
+after the reservation touches the reserved blocks, so a chunk never waits for the engine's later steps.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class _Passed:
         pass
 
 
+PASSED: Fence = _Passed()
+
+
 @dataclass(frozen=True, slots=True)
 class MarkedBlocks:
     """A chunk's source blocks as `send` left them: their ids in the pool, and a fence after the engine's work that
@@ -54,9 +58,9 @@ class CopyStream(ABC):
         """Make this the calling thread's current stream: the copies queued inside run on it."""
 
     @abstractmethod
-    def wait_for_engine(self) -> None:
-        """Copies queued from now on wait for the work queued so far on the calling thread's current stream (the
-        engine's): a receiver calls it before it writes reserved blocks."""
+    def wait_for(self, fence: Fence) -> None:
+        """Copies queued from now on wait for the work before `fence` (a `mark_stream` of the pool's device): a
+        receiver calls it with the reservation's fence before it writes reserved blocks."""
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -65,13 +69,13 @@ class CopyStream(ABC):
 
 class HostCopyStream(CopyStream):
     def mark(self) -> Fence:
-        return _Passed()
+        return PASSED
 
     def activate(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def wait_for_engine(self) -> None:
-        pass
+    def wait_for(self, fence: Fence) -> None:
+        fence.synchronize()
 
     def synchronize(self) -> None:
         pass
@@ -83,18 +87,29 @@ class CudaCopyStream(CopyStream):
         self._stream = torch.cuda.Stream(device)
 
     def mark(self) -> Fence:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self._device))
-        return event
+        return mark_stream(self._device)
 
     def activate(self) -> AbstractContextManager[object]:
         return torch.cuda.stream(self._stream)
 
-    def wait_for_engine(self) -> None:
-        self._stream.wait_stream(torch.cuda.current_stream(self._device))
+    def wait_for(self, fence: Fence) -> None:
+        if isinstance(fence, torch.cuda.Event):
+            self._stream.wait_event(fence)
+        else:
+            fence.synchronize()
 
     def synchronize(self) -> None:
         self._stream.synchronize()
+
+
+def mark_stream(device: torch.device) -> Fence:
+    """A fence after the work queued so far on the calling thread's current stream of `device` (passed at once for
+    the CPU, whose work is done when queued)."""
+    if device.type == "cpu":
+        return PASSED
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def make_copy_stream(device: torch.device) -> CopyStream:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver
 from kv_transfer.bookkeeping.housekeeper import Housekeeper
+from kv_transfer.copy_stream import PASSED, Fence
 from kv_transfer.state import (
     InvalidChunkError,
     TransferAbortedError,
@@ -52,6 +53,8 @@ class _Reservation:
     state: TransferState = TransferState.RESERVED
     received: set[int] = field(default_factory=set)
     busy: bool = False
+    fence: Fence = PASSED
+    """The engine's work queued when the blocks were reserved: writes into them wait for it."""
 
 
 class ReservationTable:
@@ -74,7 +77,7 @@ class ReservationTable:
         # NOTE: ended ids are remembered (bounded) only to answer state() and reject late chunks precisely.
         self._ended: OrderedDict[str, TransferState] = OrderedDict()
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
+    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float, fence: Fence = PASSED) -> None:
         block_ids = frozenset(dst_block_ids)
         if len(block_ids) != len(dst_block_ids) or not all(0 <= b < self._num_blocks for b in block_ids):
             raise InvalidArgumentError("dst_block_ids", f"must be distinct ids in [0, {self._num_blocks})")
@@ -84,7 +87,8 @@ class ReservationTable:
             if transfer_id in self._live:
                 raise TransferStateError(f"transfer {transfer_id!r} is already reserved")
             self._ended.pop(transfer_id, None)
-            self._live[transfer_id] = _Reservation(transfer_id, block_ids, lease_s, time.monotonic() + lease_s)
+            deadline = time.monotonic() + lease_s
+            self._live[transfer_id] = _Reservation(transfer_id, block_ids, lease_s, deadline, fence=fence)
 
     def state(self, transfer_id: str) -> TransferState:
         with self._cond:
@@ -118,8 +122,9 @@ class ReservationTable:
             for transfer_id in list(self._live):
                 self.abort(transfer_id)
 
-    def begin_chunk(self, transfer_id: str, dst_block_ids: Sequence[int]) -> None:
-        """Admit a chunk for writing, or raise the TransferError to send back (nothing may be written then)."""
+    def begin_chunk(self, transfer_id: str, dst_block_ids: Sequence[int]) -> Fence:
+        """Admit a chunk for writing, or raise the TransferError to send back (nothing may be written then); the
+        reservation's fence, which the writes wait for."""
         now = time.monotonic()
         with self._cond:
             reservation = self._live.get(transfer_id)
@@ -136,6 +141,7 @@ class ReservationTable:
             reservation.busy = True
             reservation.deadline = now + reservation.lease_s
             self._mark_locked(reservation, TransferState.TRANSFERRING)
+            return reservation.fence
 
     def is_writable(self, transfer_id: str) -> bool:
         """False once a chunk being written should be abandoned (its reservation expired or was aborted)."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kv_transfer.control.frames import FrameHead, KeepWaiting
+from kv_transfer.copy_stream import Fence
 
 Staged = TypeVar("Staged")
 
@@ -65,9 +66,10 @@ class ReceiverLink(ABC):
         """Raise ProtocolError if the CHUNK frame does not fit this plane (the connection is closed then)."""
 
     @abstractmethod
-    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
-        """Move the chunk's bytes into its destination blocks; when this returns, they are there. While the bytes
-        are late, `keep_waiting()` says whether to go on (False: give up with a TransferError)."""
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> None:
+        """Move the chunk's bytes into its destination blocks, after `fence` (the reservation's: the engine's work
+        that may still touch them); when this returns, they are there. While the bytes are late, `keep_waiting()`
+        says whether to go on (False: give up with a TransferError)."""
 
     @abstractmethod
     def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:

@@ -97,14 +97,14 @@ class ReceiverConnection:
     def _on_chunk(self, link: ReceiverLink, head: FrameHead) -> None:
         link.check(head)
         try:
-            self._table.begin_chunk(head.transfer_id, head.block_ids)
+            fence = self._table.begin_chunk(head.transfer_id, head.block_ids)
         except TransferError as error:
             link.drop(self._sock, head, self._keep_open)
             self._sock.sendall(encode_error_frame(head.seq, head.transfer_id, error))
             return
         complete = False
         try:
-            link.land(self._sock, head, lambda: self._keeps_writing(head.transfer_id))
+            link.land(self._sock, head, lambda: self._keeps_writing(head.transfer_id), fence)
             complete = True
         finally:
             rejection = self._table.end_chunk(head.transfer_id, head.block_ids, head.last, complete)

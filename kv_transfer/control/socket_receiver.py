@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 from abc import abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -25,6 +26,7 @@ from kv_transfer.control.address import format_endpoint
 from kv_transfer.control.data_plane import ReceiverPlane
 from kv_transfer.control.receiver_connection import ReceiverConnection
 from kv_transfer.control.tls_socket import TLSSocket
+from kv_transfer.copy_stream import mark_stream
 from kv_transfer.layout import KVLayout, KVRank
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class SocketReceiver(ReservationReceiver):
         """Connections closed at the TLS handshake (no certificate of the cluster CA)."""
         self._ssl_context = ssl_context
         self._plane = self._make_plane(pool, host)
+        self._device = pool.device
         self._table = ReservationTable(pool.shape[0], self._post_released)
         self._poll_interval_s = poll_interval_s
         self._closing = threading.Event()
@@ -80,6 +83,11 @@ class SocketReceiver(ReservationReceiver):
     @property
     def endpoint(self) -> str:
         return self._endpoint
+
+    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], lease_s: float) -> None:
+        """The reservation, fenced after the work queued so far on the calling thread's stream: the engine reserves
+        from its own thread, so the chunks wait for the steps that may still touch freed blocks, and no later ones."""
+        self._table.expect(transfer_id, dst_block_ids, lease_s, mark_stream(self._device))
 
     def close(self) -> None:
         self._closing.set()

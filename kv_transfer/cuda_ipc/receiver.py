@@ -13,7 +13,7 @@ import torch
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, KeepWaiting
 from kv_transfer.control.socket_receiver import SocketReceiver
-from kv_transfer.copy_stream import CopyStream, make_copy_stream
+from kv_transfer.copy_stream import CopyStream, Fence, make_copy_stream
 from kv_transfer.cuda_ipc import local_pools
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.pool_io import IndexUploader, pool_words, row_words
@@ -39,8 +39,8 @@ class _GatherLink(ReceiverLink):
         if max(head.src_block_ids, default=0) >= self._source.shape[0]:
             raise ProtocolError(f"source block ids {list(head.src_block_ids)} outside the sender's pool")
 
-    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
-        self._stream.wait_for_engine()
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> None:
+        self._stream.wait_for(fence)
         with self._stream.activate():
             if self._source.device == self._words.device:
                 src, dst = self._ids.upload(head.src_block_ids, head.block_ids)

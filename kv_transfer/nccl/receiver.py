@@ -15,7 +15,7 @@ import torch.distributed as dist
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, KeepWaiting
 from kv_transfer.control.socket_receiver import SocketReceiver
-from kv_transfer.copy_stream import make_copy_stream
+from kv_transfer.copy_stream import Fence, make_copy_stream
 from kv_transfer.nccl.gpu_identity import check_distinct_gpus, device_uuid
 from kv_transfer.nccl.pair_group import RECEIVER_RANK, GroupFactory, NcclPairGroup, PairGroup
 from kv_transfer.pool_io import block_index, pool_words
@@ -44,11 +44,11 @@ class _RecvLink(ReceiverLink):
         if head.payload_nbytes or head.src_block_ids:
             raise ProtocolError("an nccl chunk carries no payload and no source block ids: its bytes follow on NCCL")
 
-    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> None:
         if not head.block_ids:
             return
         blocks = self._receive(len(head.block_ids), keep_waiting)
-        self._stream.wait_for_engine()
+        self._stream.wait_for(fence)
         with self._stream.activate():
             self._words.index_copy_(0, block_index(head.block_ids, self._words.device), blocks)
         self._stream.synchronize()

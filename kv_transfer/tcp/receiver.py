@@ -10,6 +10,7 @@ import torch
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, KeepWaiting, discard, recv_blocks
 from kv_transfer.control.socket_receiver import SocketReceiver
+from kv_transfer.copy_stream import Fence
 from kv_transfer.pool_io import BlockSink, make_block_sink, pool_bytes
 from kv_transfer.state import ProtocolError
 
@@ -23,9 +24,10 @@ class _PayloadLink(ReceiverLink):
         if head.src_block_ids or head.payload_nbytes != len(head.block_ids) * self._block_nbytes:
             raise ProtocolError(f"chunk payload of {head.payload_nbytes} bytes for {len(head.block_ids)} blocks")
 
-    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
+    def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> None:
         write = self._sink.open(head.block_ids)
         recv_blocks(sock, write.buffers, keep_waiting)
+        fence.synchronize()
         write.commit()
 
     def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:

@@ -13,7 +13,7 @@ import torch
 from kv_transfer import TransferState, TransportError
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
-from kv_transfer.cuda_ipc import CudaIpcReceiver
+from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.cuda_ipc.sender import CudaIpcSenderPlane
 from kv_transfer.state import ProtocolError
@@ -100,3 +100,20 @@ def test_a_chunk_that_does_not_fit_closes_the_connection_unwritten(
         assert _closed_by_peer(sock)
     assert receiver.state("t1") is S.RESERVED
     plane.close()
+
+
+@pytest.mark.gpu
+def test_a_chunk_waits_for_the_engine_work_before_its_reservation_and_for_none_after(make_pool: PoolMaker) -> None:
+    src, dst = make_pool(4, seed=1).cuda(), make_pool(4, seed=2).cuda()
+    engine = torch.cuda.Stream()
+    with CudaIpcSender(src, BLOCK_SIZE) as sender, CudaIpcReceiver(dst, BLOCK_SIZE) as receiver:
+        with torch.cuda.stream(engine):
+            torch.cuda._sleep(50_000_000)
+            dst[1].fill_(0.0)  # the engine's last write into a block it freed, still queued when it is reserved
+            receiver.expect("t", [1], lease_s=5.0)
+            torch.cuda._sleep(2_000_000_000)  # about a second of later engine work
+        sender.send("t", receiver.endpoint, receiver.layout, [2], [1], last=True)
+        assert receiver.wait("t", 5.0) is S.DONE
+        assert not engine.query(), "the chunk waited for engine work queued after its reservation"
+        torch.cuda.synchronize()
+        assert torch.equal(dst[1], src[2])

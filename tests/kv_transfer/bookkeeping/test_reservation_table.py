@@ -17,6 +17,7 @@ from kv_transfer import (
     UnknownTransferError,
 )
 from kv_transfer.bookkeeping.reservation_table import ReservationTable
+from kv_transfer.copy_stream import PASSED
 
 S = TransferState
 
@@ -164,3 +165,15 @@ def test_a_transferred_reservation_waits_for_its_claim_only_the_claim_window(
     # the DONE one lapsed after the claim window; the one still transferring keeps its 10 s lease
     assert notified == [("done", S.EXPIRED)]
     assert table.state("transferring") is S.TRANSFERRING
+
+
+def test_a_chunk_gets_the_fence_its_reservation_was_made_with(table: ReservationTable) -> None:
+    class Marker:
+        def synchronize(self) -> None:
+            pass
+
+    marker = Marker()
+    table.expect("fenced", [1], 1.0, fence=marker)
+    table.expect("plain", [2], 1.0)
+    assert table.begin_chunk("fenced", [1]) is marker
+    assert table.begin_chunk("plain", [2]) is PASSED
