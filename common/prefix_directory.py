@@ -57,6 +57,29 @@ end
 return runs
 """
 
+# KEYS[1]: a pod generation's index; ARGV: its member, the block key prefix, the entries' expiry (Unix ms), the keys'
+# TTL (ms), then (op, hash hex) pairs in order: "+" stores the block, "-" removes it. One command per batch: redis-py
+# packs and parses each command in Python, and a batch of a busy prefill pod holds thousands of blocks.
+_APPLY_LUA = """
+local index, member, prefix = KEYS[1], ARGV[1], ARGV[2]
+local expiry, ttl, stored = ARGV[3], tonumber(ARGV[4]), false
+for i = 5, #ARGV, 2 do
+  local hex = ARGV[i + 1]
+  local key = prefix .. hex
+  if ARGV[i] == '+' then
+    redis.call('ZADD', key, expiry, member)
+    redis.call('PEXPIRE', key, ttl)
+    redis.call('SADD', index, hex)
+    stored = true
+  else
+    redis.call('ZREM', key, member)
+    redis.call('SREM', index, hex)
+  end
+end
+if stored then redis.call('PEXPIRE', index, ttl) end
+return 1
+"""
+
 # KEYS[1]: a pod generation's index; ARGV[1]: its member; ARGV[2]: the block key prefix.
 _DROP_POD_LUA = """
 local hexes = redis.call('SMEMBERS', KEYS[1])
@@ -151,8 +174,21 @@ class PrefixDirectory:
             held = self._held.setdefault(member, set())
             pipe = self._redis.pipeline(transaction=False)
             expiry_ms = self._expiry_ms()
+            ops: list[str] = []
             for event in events:
-                self._queue_event(pipe, member, held, event, expiry_ms)
+                match event:
+                    case BlockStored(block_hashes=hashes):
+                        held.update(hashes)
+                        ops += _ops("+", hashes)
+                    case BlockRemoved(block_hashes=hashes):
+                        held.difference_update(hashes)
+                        ops += _ops("-", hashes)
+                    case AllBlocksCleared():
+                        held.clear()
+                        self._queue_ops(pipe, member, ops, expiry_ms)
+                        ops = []
+                        self._queue_drop(pipe, member)
+            self._queue_ops(pipe, member, ops, expiry_ms)
             if member in self._dirty:
                 # NOTE: the mirror already holds this batch; the rewrite replaces the queued commands.
                 return await self._rewrite(member)
@@ -195,32 +231,15 @@ class PrefixDirectory:
             await asyncio.gather(task, return_exceptions=True)
         await self._redis.aclose()
 
-    def _queue_event(
-        self, pipe: Pipeline, member: str, held: set[BlockHash], event: KVCacheEvent, expiry_ms: int
-    ) -> None:
-        match event:
-            case BlockStored(block_hashes=hashes):
-                held.update(hashes)
-                self._queue_store(pipe, member, hashes, expiry_ms)
-            case BlockRemoved(block_hashes=hashes):
-                held.difference_update(hashes)
-                for block_hash in hashes:
-                    pipe.zrem(self._block_prefix + block_hash.hex(), member)
-                if hashes:
-                    pipe.srem(self._index_prefix + member, *(block_hash.hex() for block_hash in hashes))
-            case AllBlocksCleared():
-                held.clear()
-                self._queue_drop(pipe, member)
+    def _queue_ops(self, pipe: Pipeline, member: str, ops: Sequence[str], expiry_ms: int) -> None:
+        """One command applying `ops` ((op, hash hex) pairs, see `_APPLY_LUA`) in order, if there are any.
 
-    def _queue_store(self, pipe: Pipeline, member: str, hashes: Sequence[BlockHash], expiry_ms: int) -> None:
-        # NOTE: a key's TTL is renewed on each write; every member's expiry is <= the key's.
-        for block_hash in hashes:
-            key = self._block_prefix + block_hash.hex()
-            pipe.zadd(key, {member: expiry_ms})
-            pipe.pexpire(key, self._ttl_ms)
-        if hashes:
-            pipe.sadd(self._index_prefix + member, *(block_hash.hex() for block_hash in hashes))
-            pipe.pexpire(self._index_prefix + member, self._ttl_ms)
+        NOTE: a key's TTL is renewed on each store; every member's expiry is <= the key's. EVAL with the body, as
+        `_queue_drop`: one round trip even right after a Redis restart.
+        """
+        if ops:
+            index = self._index_prefix + member
+            pipe.eval(_APPLY_LUA, 1, index, member, self._block_prefix, expiry_ms, self._ttl_ms, *ops)
 
     def _queue_drop(self, pipe: Pipeline, member: str) -> None:
         # NOTE: EVAL with the body, not EVALSHA: stays one round trip even right after a Redis restart.
@@ -234,7 +253,7 @@ class PrefixDirectory:
             pipe = self._redis.pipeline(transaction=False)
             if start == 0 and member in self._dirty:
                 self._queue_drop(pipe, member)
-            self._queue_store(pipe, member, hashes[start : start + _REFRESH_CHUNK], expiry_ms)
+            self._queue_ops(pipe, member, _ops("+", hashes[start : start + _REFRESH_CHUNK]), expiry_ms)
             if len(pipe) and not await self._execute(pipe, "refresh"):
                 self._dirty.add(member)
                 return False
@@ -271,3 +290,8 @@ class PrefixDirectory:
         if self._failing:
             logger.info("prefix directory: Redis answers again")
         self._failing = False
+
+
+def _ops(op: str, hashes: Iterable[BlockHash]) -> list[str]:
+    """`_APPLY_LUA`'s (op, hash hex) pairs of one op over `hashes`, flat."""
+    return [item for block_hash in hashes for item in (op, block_hash.hex())]
