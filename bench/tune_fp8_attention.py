@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from bench.kernels.attention import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes, sweep_row
-from bench.reporting.limits import measure_limits
 from engine.attention.decode_tuning import TABLE_PATH
 from engine.attention.triton_backend import num_kv_splits
 from engine.attention.triton_decode import DecodeTiles
+from engine.tuning.attention_steps import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes
+from engine.tuning.limits import measure_limits
+from engine.tuning.sweep import sweep_row
 
 BATCH, CONTEXT = 64, 4096
 KV_DTYPE = torch.float8_e4m3fn

@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.kernels.gemv_int4 import SHAPES, packed_nbytes, packed_weight
-from bench.kernels.graph_timing import time_graph_us
-from bench.reporting.limits import measure_limits
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
 from engine.layers.quant.int4_tuning import ROW_BUCKETS, TABLE_PATH, Int4Config, table_key
 from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
+from engine.tuning.int4_weights import SHAPES, packed_nbytes, packed_weight
+from engine.tuning.limits import measure_limits
+from engine.tuning.timing import time_graph_us
 
 ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2

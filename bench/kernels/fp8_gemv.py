@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from bench.reporting.limits import measure_limits
 from engine.layers.quant.fp8 import quantize_fp8_rows
 from engine.layers.triton_fp8_linear import (
     TILES_PATH,
@@ -42,6 +41,7 @@ from engine.layers.triton_fp8_linear import (
     tiles_json,
 )
 from engine.layers.triton_gemv import linear
+from engine.tuning.limits import measure_limits
 
 W = TypeVar("W")
 
