@@ -3,7 +3,7 @@ every tile shape (45) x split density (6), the fastest written to engine/attenti
 dtypes' entries kept), the whole sweep to <out>/tune_fp8_attention.json. Contexts 1k and 8k are timed with the
 winner as a check.
 
-python3 -m bench.tune_fp8_attention --out $OUT     (GPU only; about four minutes, compilation included)
+python3 -m engine.attention.tune_decode --out $OUT     (GPU only; about four minutes, compilation included)
 """
 
 from __future__ import annotations

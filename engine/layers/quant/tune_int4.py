@@ -4,7 +4,7 @@ GEMM tiles, dequantize + cuBLAS) as CUDA-graph replays over rotating weights (pa
 is off by more than 1e-2 (relative norm against float32; checked before it is timed), and write the fastest per
 (N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
 
-python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
+python3 -m engine.layers.quant.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
 
 At 1 row the 3 fastest GEMV configs are timed again with PDL=1 (programmatic dependent launch: the kernel starts
 before the previous one in the stream has finished and loads its first weights meanwhile; in the timing graph the
