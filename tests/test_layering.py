@@ -1,7 +1,7 @@
 """The packages' layering, bottom to top: pdserve (protos/) < common < client < kv_transfer < engine < pod <
 router | prefill_service | decode_service < bench | cli | autoscaler. No import runs upward; router and the two pod
 roles import none of each other (bench, cli and autoscaler may import each other); no file-level import cycle
-anywhere."""
+anywhere. The kernel tuners (engine/**/tune_*.py) and engine.tuning are imported only by each other and bench."""
 
 from __future__ import annotations
 
@@ -33,6 +33,23 @@ def test_no_import_runs_upward_or_sideways(project: Project) -> None:
 def test_no_file_level_import_cycle(project: Project) -> None:
     cycles = import_cycles(project)
     assert cycles == [], "file-level import cycles:\n" + "\n".join(cycles)
+
+
+def _is_tuning(module: str) -> bool:
+    """engine.tuning and the kernel tuners beside their tables (engine/**/tune_*.py)."""
+    return module.startswith("engine.") and (
+        module.split(".")[1] == "tuning" or module.rpartition(".")[2].startswith("tune_")
+    )
+
+
+def test_only_tuners_and_bench_import_the_tuning_code(project: Project) -> None:
+    """The tuners (GPU timing, torch-heavy) run as `python -m`; what the engine serves with never imports them."""
+    found = [
+        imp.where()
+        for imp in project.imports
+        if _is_tuning(imp.target) and not (_is_tuning(module_name(imp.path)) or imp.path.startswith("bench/"))
+    ]
+    assert found == [], "tuning code imported outside the tuners and bench:\n" + "\n".join(found)
 
 
 def test_module_name_maps_protos_and_packages() -> None:

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +23,28 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.cuda_timing import time_graph_ms
-from bench.reporting.limits import DeviceLimits, measure_limits
-from engine.attention.backend import AttentionMetadata
 from engine.attention.triton_backend import TritonAttentionBackend, num_kv_splits
-from engine.attention.triton_decode import DecodeTiles, decode_attention
+from engine.attention.triton_decode import DecodeTiles
 from engine.attention.triton_prefill import PrefillTiles, prefill_attention
+from engine.tuning.attention_steps import (
+    DEVICE,
+    DTYPE,
+    HKV,
+    HQ,
+    PAGE,
+    SCALE,
+    D,
+    Step,
+    decode_kernel_ms,
+    kv_nbytes,
+    make_step,
+)
+from engine.tuning.limits import DeviceLimits, measure_limits
+from engine.tuning.sweep import sweep_row
+from engine.tuning.timing import time_graph_ms
 
-DEVICE = "cuda"
-HQ, HKV, D, PAGE = 32, 8, 128, 16
 DECODE_BATCHES = (1, 64, 256)
 DECODE_CONTEXTS = (1024, 4096, 8192)
-DTYPE = torch.bfloat16
-SCALE = D**-0.5
 KV_DTYPES = {"auto": DTYPE, "fp8": torch.float8_e4m3fn}
 L2_DEFEAT_BYTES = 256 << 20
 FAST_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
@@ -45,39 +53,6 @@ PREFILL_TILE_SWEEP = [
     PrefillTiles(*shape)
     for shape in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
 ]
-Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
-
-
-def kv_nbytes(pool: torch.Tensor, tokens: int) -> int:
-    """K+V bytes of `tokens` tokens of one layer in the pool's dtype."""
-    return tokens * 2 * HKV * D * pool.element_size()
-
-
-def make_step(pool: torch.Tensor, requests: list[tuple[int, int]], gen: torch.Generator) -> Step:
-    """q/k/v and metadata of a step over random distinct pool blocks; requests are (cached context, query length)."""
-    seq_lens = [c + q for c, q in requests]
-    counts = [-(-s // PAGE) for s in seq_lens]
-    ids: list[int] = torch.randperm(pool.shape[0], generator=gen, device=DEVICE)[: sum(counts)].tolist()
-    tables: list[list[int]] = []
-    slots: list[int] = []
-    starts = [0]
-    for (context, q_len), count in zip(requests, counts, strict=True):
-        table, ids = ids[:count], ids[count:]
-        tables.append(table + [0] * (max(counts) - count))
-        slots.extend(table[p // PAGE] * PAGE + p % PAGE for p in range(context, context + q_len))
-        starts.append(starts[-1] + q_len)
-    metadata = AttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-        block_table=torch.tensor(tables, dtype=torch.int32, device=DEVICE),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
-        max_query_len=max(q for _, q in requests),
-        max_seq_len=max(seq_lens),
-        query_start_loc_cpu=starts,
-        seq_lens_cpu=seq_lens,
-    )
-    q, k, v = (torch.randn(starts[-1], h, D, dtype=DTYPE, device=DEVICE, generator=gen) for h in (HQ, HKV, HKV))
-    return q, k, v, metadata
 
 
 def forward(backend: TritonAttentionBackend, layer: torch.Tensor, step: Step) -> torch.Tensor:
@@ -121,37 +96,6 @@ def bench_decode(pool: torch.Tensor, limits: DeviceLimits, gen: torch.Generator)
             rows.append(row)
             print(json.dumps(row))
     return rows
-
-
-def decode_kernel_ms(
-    pool: torch.Tensor,
-    requests: list[tuple[int, int]],
-    variants: int,
-    splits: int,
-    tiles: DecodeTiles,
-    gen: torch.Generator,
-) -> float:
-    """The decode kernel alone (no K/V store) at a forced split count and tile shape."""
-    calls = []
-    for _ in range(variants):
-        q, _, _, m = make_step(pool, requests, gen)
-        args = (q, pool[:, 1], m.query_start_loc, m.seq_lens, m.block_table, torch.empty_like(q), SCALE, splits)
-        calls.append(functools.partial(decode_attention, *args, tiles))
-    return time_graph_ms(calls)
-
-
-def sweep_row(name: str, fn: Callable[[], float], nbytes: int = 0, flops: float = 0) -> dict[str, Any]:
-    """Times one variant; a shape that does not fit (e.g. shared memory) is recorded as an error."""
-    try:
-        ms = fn()
-    except Exception as error:
-        row: dict[str, Any] = {"name": name, "error": f"{type(error).__name__}: {str(error)[:200]}"}
-    else:
-        row = {"name": name, "us": ms * 1e3}
-        row |= {"gb_s": nbytes / ms / 1e6} if nbytes else {}
-        row |= {"tflop_s": flops / ms / 1e9} if flops else {}
-    print(json.dumps(row))
-    return row
 
 
 def bench_decode_sweeps(pool: torch.Tensor, gen: torch.Generator) -> list[dict[str, Any]]:

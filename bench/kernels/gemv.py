@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from bench.reporting.limits import measure_limits
 from engine.layers.triton_gemv import linear
+from engine.tuning.limits import measure_limits
 
 Weight = TypeVar("Weight")
 SHAPES = {

@@ -1,7 +1,7 @@
 """Batch-1 int4 GEMV (engine.layers.quant.triton_int4, the tuned table's kernel and tile) against the bf16 GEMV of
 the same shape (cuBLAS and the engine's Triton GEMV), as bytes read / time: int4 bytes are the packed weight, the
 fp16 group scales and the uint8 zeros. Random GPTQ weights (group 128, no act-order), x bf16, weights rotated so
-the L2 never holds the one being read, timed as CUDA-graph replays (bench.kernels.graph_timing). Also 4 and 8 rows
+the L2 never holds the one being read, timed as CUDA-graph replays (engine.tuning.timing). Also 4 and 8 rows
 (small decode batches), int4 only.
 
 python3 -m bench.kernels.gemv_int4 --out $OUT     (writes bench_gemv_int4.json; GPU only)
@@ -17,31 +17,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.kernels.graph_timing import time_graph_us
-from bench.reporting.limits import measure_limits
-from engine.layers.quant.int4 import Gptq
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
-from engine.layers.quant.int4_random import RANDOM_CHECKPOINT_CONFIGS, quantized_parts
 from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
-
-# (N, K): o_proj, down_proj, gate (or up) proj, gate|up fused, q|k|v fused.
-SHAPES = {
-    "4096x4096": (4096, 4096),
-    "4096x12288": (4096, 12288),
-    "12288x4096": (12288, 4096),
-    "24576x4096": (24576, 4096),
-    "6144x4096": (6144, 4096),
-}
-
-
-def packed_weight(n: int, k: int) -> PackedInt4:
-    weight = torch.empty(n, k, device="cuda").uniform_(-(k**-0.5), k**-0.5)
-    return Gptq(RANDOM_CHECKPOINT_CONFIGS["gptq"], packed=True).repack(quantized_parts(weight, "gptq"))
-
-
-def packed_nbytes(p: PackedInt4) -> int:
-    return sum(t.numel() * t.element_size() for t in (p.weight, p.scale, p.zero))
+from engine.tuning.int4_weights import SHAPES, packed_nbytes, packed_weight
+from engine.tuning.limits import measure_limits
+from engine.tuning.timing import time_graph_us
 
 
 def _int4_call(xs: torch.Tensor, weights: list[PackedInt4], i: int) -> torch.Tensor:

@@ -29,11 +29,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.cuda_timing import time_graph_ms
-from bench.reporting.limits import measure_limits
 from engine.attention.backend import store_kv
 from engine.layers import torch_ops, triton_activation, triton_rms_norm, triton_rope
 from engine.layers.rotary_embedding import cos_sin_cache
+from engine.tuning.limits import measure_limits
+from engine.tuning.timing import time_graph_ms
 
 DEVICE = "cuda"
 DTYPE = torch.bfloat16

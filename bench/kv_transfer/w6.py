@@ -33,10 +33,10 @@ from bench.kv_transfer.sender import (
     rank_views,
     synchronize,
 )
-from bench.reporting.limits import DeviceLimits, measure_limits
 from bench.reporting.stats import percentile
 from engine.config import CacheConfig
 from engine.models.shapes import MODEL_SHAPES
+from engine.tuning.limits import DeviceLimits, measure_limits
 from kv_transfer import KVLayout, KVReceiver, TransferState
 from kv_transfer.factory import make_pod_receiver
 from kv_transfer.pool_io import block_index, pool_words

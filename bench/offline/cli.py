@@ -12,13 +12,14 @@ import torch
 from bench.offline.baseline import hf_model_with_weights, run_transformers
 from bench.offline.gpu_profile import profile_decode
 from bench.offline.timed_run import run_workload, warm_up
-from bench.reporting.limits import decode_bytes_per_step, measure_limits, prefill_flops
+from bench.reporting.limits import decode_bytes_per_step, prefill_flops
 from bench.workloads import make_workload
 from engine.config import KV_CACHE_DTYPES, QUANTIZATIONS
 from engine.layers.linear import Linear
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.models.shapes import SHAPE_PREFIX
+from engine.tuning.limits import measure_limits
 
 WORKLOADS = ("w1", "w2", "w3", "w4", "idle")
 _DEFAULT_NUM_PROMPTS = {"w1": 5, "w2": 5, "w3": 256, "w4": 64}

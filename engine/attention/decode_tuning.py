@@ -1,6 +1,6 @@
 """Decode-kernel launch settings per KV-cache dtype, read from `decode_tuning.json` beside this file.
 
-The table is written by bench/tune_fp8_attention.py on the GPU (tiles and split density at batch 64 on the Qwen3-8B
+The table is written by engine/attention/tune_decode.py on the GPU (tiles and split density at batch 64 on the Qwen3-8B
 head shape); a dtype it does not name, or a missing file, takes the defaults below (the bf16 kernel's settings).
 """
 

@@ -177,9 +177,8 @@ def tiles_json(table: dict[tuple[int, int], Fp8GemvTiles]) -> str:
     return json.dumps({f"{n}x{k}": asdict(tiles) for (n, k), tiles in table.items()}, indent=1)
 
 
-# NOTE: the fastest tiles per weight [N, K] of the Qwen3-8B projections, written by bench/kernels/fp8_gemv.py's sweep
-# (--write-table) on the GPU (weights rotating past the L2, CUDA-graph replays); other shapes take `default_tiles`'
-# rule.
+# NOTE: the fastest tiles per weight [N, K] of the Qwen3-8B projections, written by engine/layers/tune_fp8_gemv.py on
+# the GPU (weights rotating past the L2, CUDA-graph replays); other shapes take `default_tiles`' rule.
 TUNED_TILES = load_tiles(TILES_PATH)
 
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # FP8 weights and FP8 KV cache on one GPU (H100/H200). First the on-device tuning, whose winners go into the tree's
 # tables (the kernels read them at import) and to $OUT: the FP8 GEMV's tiles per Qwen3-8B projection
-# (bench/kernels/fp8_gemv.py --write-table -> engine/layers/fp8_gemv_tiles.json; it also times the 2048-row prefill
-# path per projection) and the decode kernel's tiles and split density on an fp8 KV pool at batch 64
-# (bench/tune_fp8_attention.py -> engine/attention/decode_tuning.json). Then, with those tables: the fp8 GPU tests,
-# W1 batch-1 TPOT and W2 2048-token TTFT bf16 vs fp8 (Qwen3-8B shape, random weights), and decode attention on fp8
-# KV at batch 1/64/256 (before W1 and W2). W6=1 adds W6 4k-token cuda_ipc transfers of bf16 and fp8 KV; SPOT=1 adds the 1P+1D router
-# spot check on random weights (qwen3-0.6b shape; fp8 weights + fp8 KV over cuda_ipc, its greedy token ids
-# against a colocated fp8 engine's, its kv_transfer_bytes against a bf16 cluster's). Both were measured before.
+# (bench/kernels/fp8_gemv.py --write-table, the sweep of engine/layers/tune_fp8_gemv.py ->
+# engine/layers/fp8_gemv_tiles.json; it also times the 2048-row prefill path per projection) and the decode kernel's
+# tiles and split density on an fp8 KV pool at batch 64 (engine/attention/tune_decode.py ->
+# engine/attention/decode_tuning.json). Then, with those tables: the fp8 GPU tests, W1 batch-1 TPOT and W2 2048-token
+# TTFT bf16 vs fp8 (Qwen3-8B shape, random weights), and decode attention on fp8 KV at batch 1/64/256 (before W1 and
+# W2). W6=1 adds W6 4k-token cuda_ipc transfers of bf16 and fp8 KV; SPOT=1 adds the 1P+1D router spot check on random
+# weights (qwen3-0.6b shape; fp8 weights + fp8 KV over cuda_ipc, its greedy token ids against a colocated fp8
+# engine's, its kv_transfer_bytes against a bf16 cluster's). Both were measured before.
 #
 #   source scripts/device_env.sh && OUT=$OUT/fp8 bash scripts/gpu/fp8.sh     (repo root; at most ~9 minutes)
 #
@@ -21,7 +22,7 @@ source "$(dirname "$0")/lib.sh"
 
 W8B=(--model-shape qwen3-8b --max-num-seqs 8 --num-blocks 2048)
 step gemv_fp8 130 python3 -m bench.kernels.fp8_gemv --out "$LOGS" --write-table
-step tune_attention_fp8 240 python3 -m bench.tune_fp8_attention --out "$LOGS"
+step tune_attention_fp8 240 python3 -m engine.attention.tune_decode --out "$LOGS"
 cp engine/attention/decode_tuning.json "$LOGS/"
 step gpu_tests 100 python3 -m pytest -q -s -m gpu -o addopts="" -p no:cacheprovider -rA tests/engine/test_fp8_gpu.py
 step attention_fp8 45 python3 -m bench.kernels.attention --out "$LOGS" --kv-cache-dtype fp8 --sections decode

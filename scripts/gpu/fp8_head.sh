@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The lm_head in FP8 (`--quantize-lm-head`) on one GPU (H100/H200): the fp8 GEMV's tiles for the Qwen3-8B lm_head
-# (151936x4096: bench/kernels/fp8_gemv.py --shapes lm_head --write-table, into engine/layers/fp8_gemv_tiles.json),
-# the fp8 GPU tests with that table (the fp8 + fp8-head logits bound among them), then W1 batch-1 TPOT (Qwen3-8B
-# shape, random weights, 128 in / 256 out) in bf16, fp8, and fp8 with the lm_head in fp8, in one run.
+# (151936x4096: bench/kernels/fp8_gemv.py --shapes lm_head --write-table, the sweep of engine/layers/tune_fp8_gemv.py,
+# into engine/layers/fp8_gemv_tiles.json), the fp8 GPU tests with that table (the fp8 + fp8-head logits bound among
+# them), then W1 batch-1 TPOT (Qwen3-8B shape, random weights, 128 in / 256 out) in bf16, fp8, and fp8 with the
+# lm_head in fp8, in one run.
 #
 #   source scripts/device_env.sh && OUT=$OUT/head bash scripts/gpu/fp8_head.sh     (repo root; at most ~7 minutes)
 #

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Batch-1 GEMV for GPTQ int4 and FP8 (issue 14) on one GPU (H100/H200), in order:
-# 1. the int4 sweep at 1 row (bench/tune_int4.py --buckets 1: every GEMV tile x split-K in packed half precision
-#    (HALF2), the float32 GEMV on its former winners; each candidate's output checked against float32 before it is
-#    timed), its table copied into the tree (engine/layers/quant/int4_tuned.json; the other buckets' entries kept);
-# 2. the fp8 GEMV sweep (bench/kernels/fp8_gemv.py --write-table: tiles per projection, each checked before it is
-#    timed, into engine/layers/fp8_gemv_tiles.json; also the bf16 GEMV per projection and the 2048-row fp8 path);
+# 1. the int4 sweep at 1 row (engine/layers/quant/tune_int4.py --buckets 1: every GEMV tile x split-K in packed
+#    half precision (HALF2), the float32 GEMV on its former winners; each candidate's output checked against float32
+#    before it is timed), its table copied into the tree (engine/layers/quant/int4_tuned.json; the other buckets'
+#    entries kept);
+# 2. the fp8 GEMV sweep (bench/kernels/fp8_gemv.py --write-table, the sweep of engine/layers/tune_fp8_gemv.py:
+#    tiles per projection, each checked before it is timed, into engine/layers/fp8_gemv_tiles.json; also the bf16
+#    GEMV per projection and the 2048-row fp8 path);
 # 3. the GPU tests of both (int4 kernels at the 8B shapes incl. HALF2 in bf16/fp16, a random Qwen3 in int4 vs bf16;
 #    the fp8 GEMV at the 8B shapes and fp8 prompt logits vs bf16), on the new tables;
 # 4. W1 batch-1 TPOT on the Qwen3-8B shape (random weights, 128 in / 256 out) in GPTQ int4, fp8 and bf16.
@@ -20,7 +22,7 @@ BUDGET_S=${BUDGET_S:-405}
 source "$(dirname "$0")/lib.sh"
 W8B=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 
-step tune_int4 120 python3 -m bench.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 70 --buckets 1
+step tune_int4 120 python3 -m engine.layers.quant.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 70 --buckets 1
 grep -E "^copy|rows 1:|^wrote|budget" "$LOGS/tune_int4.log" >>"$SUMMARY"
 [[ -f "$LOGS/int4_tuned.json" ]] && cp "$LOGS/int4_tuned.json" engine/layers/quant/int4_tuned.json
 step gemv_fp8 90 python3 -m bench.kernels.fp8_gemv --out "$LOGS" --write-table

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU int4 (issue 14, GPTQ/AWQ kept packed), in order: the kernel sweep (bench/tune_int4.py: every GEMV/GEMM/dequant
-# candidate per 8B projection shape and row bucket, each output checked before it is timed, CUDA-graph replays over
-# rotating weights; <= ~150 s), whose table is copied into the tree (engine/layers/quant/int4_tuned.json, which the
-# kernels read) and into $OUT; then the gpu-marked int4 tests (kernels at the 8B projection shapes; a random Qwen3 in
-# int4 vs bf16 on the same dequantized weights), the int4 GEMV micro-benchmark (GB/s vs the bf16 GEMV, on the
-# table's tiles), W1 batch-1 TPOT on the Qwen3-8B shape in bf16 and GPTQ int4 (random weights quantized in memory)
-# with the int4 decode floor, and W2 2048-token TTFT in int4. Total run time: about 6 minutes on an H100 (steps
-# share BUDGET_S, default 560 s).
+# GPU int4 (issue 14, GPTQ/AWQ kept packed), in order: the kernel sweep (engine/layers/quant/tune_int4.py: every
+# GEMV/GEMM/dequant candidate per 8B projection shape and row bucket, each output checked before it is timed, CUDA-graph
+# replays over rotating weights; <= ~150 s), whose table is copied into the tree (engine/layers/quant/int4_tuned.json,
+# which the kernels read) and into $OUT; then the gpu-marked int4 tests (kernels at the 8B projection shapes; a random
+# Qwen3 in int4 vs bf16 on the same dequantized weights), the int4 GEMV micro-benchmark (GB/s vs the bf16 GEMV, on the
+# table's tiles), W1 batch-1 TPOT on the Qwen3-8B shape in bf16 and GPTQ int4 (random weights quantized in memory) with
+# the int4 decode floor, and W2 2048-token TTFT in int4. Total run time: about 6 minutes on an H100 (steps share
+# BUDGET_S, default 560 s).
 # Run from the repo root: source scripts/device_env.sh && OUT=/some/folder bash scripts/gpu/int4.sh
 # Writes to $OUT three files: summary.txt (each step's exit code and time, then what the steps printed),
 # int4_tuned.json (the sweep's table: commit it as engine/layers/quant/int4_tuned.json) and logs.tar.gz (every step's
@@ -16,7 +16,7 @@ BUDGET_S=${BUDGET_S:-560}
 source "$(dirname "$0")/lib.sh"
 SHAPE=(--model-shape qwen3-8b --dtype bfloat16 --max-num-seqs 8 --num-blocks 1024)
 
-step tune_int4 160 python3 -m bench.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 110
+step tune_int4 160 python3 -m engine.layers.quant.tune_int4 --out "$LOGS/int4_tuned.json" --budget-s 110
 grep -E "^copy|rows (1|2048):|^wrote|budget" "$LOGS/tune_int4.log" >>"$SUMMARY"
 if [[ -f "$LOGS/int4_tuned.json" ]]; then
     cp "$LOGS/int4_tuned.json" engine/layers/quant/int4_tuned.json

@@ -1,5 +1,5 @@
 """Which int4 kernel and tile run a layer [N, K] at M rows: the tuned table (engine/layers/quant/int4_tuned.json,
-written on the GPU by bench/tune_int4.py, keyed by (N, K, rows bucket)), else a heuristic.
+written on the GPU by engine/layers/quant/tune_int4.py, keyed by (N, K, rows bucket)), else a heuristic.
 
 Kernels (engine.layers.quant.triton_int4): "gemv" (one activation row per program column, split-K partial sums
 reduced by a second pass; meta HALF2=1 dequantizes and multiplies in packed bf16/fp16 pairs, absent or 0 in

@@ -3,7 +3,7 @@ every tile shape (45) x split density (6), the fastest written to engine/attenti
 dtypes' entries kept), the whole sweep to <out>/tune_fp8_attention.json. Contexts 1k and 8k are timed with the
 winner as a check.
 
-python3 -m bench.tune_fp8_attention --out $OUT     (GPU only; about four minutes, compilation included)
+python3 -m engine.attention.tune_decode --out $OUT     (GPU only; about four minutes, compilation included)
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from bench.kernels.attention import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes, sweep_row
-from bench.reporting.limits import measure_limits
 from engine.attention.decode_tuning import TABLE_PATH
 from engine.attention.triton_backend import num_kv_splits
 from engine.attention.triton_decode import DecodeTiles
+from engine.tuning.attention_steps import DEVICE, DTYPE, HKV, PAGE, decode_kernel_ms, kv_nbytes
+from engine.tuning.limits import measure_limits
+from engine.tuning.sweep import sweep_row
 
 BATCH, CONTEXT = 64, 4096
 KV_DTYPE = torch.float8_e4m3fn

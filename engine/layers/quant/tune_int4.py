@@ -4,7 +4,7 @@ GEMM tiles, dequantize + cuBLAS) as CUDA-graph replays over rotating weights (pa
 is off by more than 1e-2 (relative norm against float32; checked before it is timed), and write the fastest per
 (N, K, bucket) as the table engine.layers.quant.int4_tuning reads.
 
-python3 -m bench.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
+python3 -m engine.layers.quant.tune_int4 --out $OUT/int4_tuned.json [--budget-s 140] [--buckets 1,2048]
 
 At 1 row the 3 fastest GEMV configs are timed again with PDL=1 (programmatic dependent launch: the kernel starts
 before the previous one in the stream has finished and loads its first weights meanwhile; in the timing graph the
@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.kernels.gemv_int4 import SHAPES, packed_nbytes, packed_weight
-from bench.kernels.graph_timing import time_graph_us
-from bench.reporting.limits import measure_limits
 from engine.layers.quant.int4_layout import PackedInt4, dequantize
 from engine.layers.quant.int4_tuning import ROW_BUCKETS, TABLE_PATH, Int4Config, table_key
 from engine.layers.quant.triton_int4 import int4_linear
 from engine.layers.triton_gemv import linear
+from engine.tuning.int4_weights import SHAPES, packed_nbytes, packed_weight
+from engine.tuning.limits import measure_limits
+from engine.tuning.timing import time_graph_us
 
 ROTATE_BYTES = 256 << 20
 MAX_ERROR = 1e-2
