@@ -45,6 +45,9 @@ for row in load("w8.json").get("levels", []):
     print(f"w8 x{row['concurrency']}: router {routed.get('output_tok_per_s')} tok/s ({routed.get('failed')} failed),"
           f" TPOT p50 {routed.get('tpot_ms_p50')}; direct {direct.get('output_tok_per_s')} tok/s, TPOT p50"
           f" {direct.get('tpot_ms_p50')}; router CPU {row.get('router_cpu_ms_per_request')} ms/stream")
+    print(f"  pods' CPU ms/request (router phase): {routed.get('pod_cpu_ms_per_request')};"
+          f" clients' {routed.get('client_cpu_ms_per_request')}; KV transfer p50 direct"
+          f" {direct.get('kv_transfer_ms_p50')} ms, router {routed.get('kv_transfer_ms_p50')} ms")
     if row["concurrency"] == 256 and offline[256].get("output_tok_per_s"):
         print(f"  router / offline = {routed.get('output_tok_per_s', 0) / offline[256]['output_tok_per_s']:.3f}"
               " (acceptance >= 0.70, 0 refused, 0 failed)")
