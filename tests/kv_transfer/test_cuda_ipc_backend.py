@@ -105,15 +105,22 @@ def test_a_chunk_that_does_not_fit_closes_the_connection_unwritten(
 @pytest.mark.gpu
 def test_a_chunk_waits_for_the_engine_work_before_its_reservation_and_for_none_after(make_pool: PoolMaker) -> None:
     src, dst = make_pool(4, seed=1).cuda(), make_pool(4, seed=2).cuda()
-    engine = torch.cuda.Stream()
+    engine, prefill = torch.cuda.Stream(), torch.cuda.Stream()
     with CudaIpcSender(src, BLOCK_SIZE) as sender, CudaIpcReceiver(dst, BLOCK_SIZE) as receiver:
+        # NOTE: a first transfer maps the pool and allocates the receiver's buffers (a pinned allocation may wait for
+        # the whole device); the prefill pod's sends run on a stream of their own.
+        with torch.cuda.stream(prefill):
+            receiver.expect("warm", [0], lease_s=5.0)
+            sender.send("warm", receiver.endpoint, receiver.layout, [0], [0], last=True)
+            assert receiver.wait("warm", 5.0) is S.DONE
         with torch.cuda.stream(engine):
             torch.cuda._sleep(50_000_000)
             dst[1].fill_(0.0)  # the engine's last write into a block it freed, still queued when it is reserved
             receiver.expect("t", [1], lease_s=5.0)
             torch.cuda._sleep(2_000_000_000)  # about a second of later engine work
-        sender.send("t", receiver.endpoint, receiver.layout, [2], [1], last=True)
-        assert receiver.wait("t", 5.0) is S.DONE
+        with torch.cuda.stream(prefill):
+            sender.send("t", receiver.endpoint, receiver.layout, [2], [1], last=True)
+            assert receiver.wait("t", 5.0) is S.DONE
         assert not engine.query(), "the chunk waited for engine work queued after its reservation"
         torch.cuda.synchronize()
         assert torch.equal(dst[1], src[2])
