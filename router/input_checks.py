@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from router.config import RouterConfig
-from router.tokenizer_pool import ChatMessage
+from router.tokenizer.tokenizer_pool import ChatMessage
 
 _PRINTABLE_ASCII = frozenset(range(0x21, 0x7F))
 

@@ -46,7 +46,7 @@ from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage
 from router.run_context import PromptPlan, RunContext
 from router.running_requests import RunningRequests
-from router.tokenizer_pool import ChatMessage, TokenizerPool
+from router.tokenizer.tokenizer_pool import ChatMessage, TokenizerPool
 
 
 @dataclass(slots=True, frozen=True)

@@ -64,7 +64,7 @@ from router.server import SERVICE_NAME, GenerationServicer
 from router.server_status import ServerStatus
 from router.shared_counts import SharedCounts, Total
 from router.sibling_aborts import SiblingAborts
-from router.tokenizer_pool import TokenizerPool, load_tokenizer
+from router.tokenizer.tokenizer_pool import TokenizerPool, load_tokenizer
 
 logger = logging.getLogger("router")
 

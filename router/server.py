@@ -25,7 +25,7 @@ from router.request_lifecycle import GenerateInput, RequestLifecycle
 from router.running_requests import AbortResult, RequestAbortedError, merge_aborts
 from router.server_status import ServerStatus
 from router.sibling_aborts import SiblingAborts, is_forwarded
-from router.tokenizer_pool import ChatMessage
+from router.tokenizer.tokenizer_pool import ChatMessage
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
 

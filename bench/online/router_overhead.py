@@ -109,7 +109,7 @@ def _decoder(args: argparse.Namespace, model: ModelChoice) -> Callable[[list[int
         if not args.tokenizer:
             return lambda token_ids: " ".join(f"t{t}" for t in token_ids)
         folder = resolve_model(args.tokenizer)
-    from router.tokenizer_pool import load_tokenizer
+    from router.tokenizer.tokenizer_pool import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     return lambda token_ids: str(tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -19,7 +19,7 @@ from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from router.outputs import CompletionChunk, Usage
 from router.request_lifecycle import GenerateInput
-from router.tokenizer_pool import ChatMessage
+from router.tokenizer.tokenizer_pool import ChatMessage
 
 Endpoint = Literal["completions", "chat"]
 _REFUSED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools", "functions", "min_tokens")

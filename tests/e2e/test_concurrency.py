@@ -12,7 +12,7 @@ import grpc.aio
 from cli.cluster import LocalCluster
 from client.generation_client import GenerationClient
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
-from router.tokenizer_pool import load_tokenizer
+from router.tokenizer.tokenizer_pool import load_tokenizer
 from tests.e2e.support import Oracle, run_concurrently
 
 NUM_REQUESTS = 64

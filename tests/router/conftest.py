@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from cli.redis_server import RedisServer
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool, load_tokenizer
+from router.tokenizer.tokenizer_pool import TokenizerPool, load_tokenizer
 from tests.router.fake_pods import BLOCK_SIZE, MODEL
 from tests.router.lifecycle_support import TEXT
 

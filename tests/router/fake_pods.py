@@ -38,7 +38,7 @@ from router.request_lifecycle import RequestLifecycle
 from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
 from router.server import GenerationServicer
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 
 MODEL = "smollm2-135m"
 BLOCK_SIZE = 16

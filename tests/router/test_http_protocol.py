@@ -14,7 +14,7 @@ from router.http.protocol import CompletionBodies, chat_input, completion_input,
 from router.outputs import CompletionChunk, Usage
 from router.request_lifecycle import GenerateInput
 from router.running_requests import AbortResult, RunningRequests
-from router.tokenizer_pool import ChatMessage
+from router.tokenizer.tokenizer_pool import ChatMessage
 
 
 def test_completion_body_with_vllm_extensions() -> None:

@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pdserve.v1 import generation_pb2, sampling_pb2
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import FakeDecode, FakePrefill, decode_steps, router_over
 
 pytestmark = pytest.mark.anyio

@@ -38,7 +38,7 @@ def test_flags_become_configs_and_bad_values_exit_with_usage(capsys: pytest.Capt
 def test_the_router_imports_no_torch(smollm2_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path; import router.__main__\n"
-        "from router.tokenizer_pool import load_tokenizer\n"
+        "from router.tokenizer.tokenizer_pool import load_tokenizer\n"
         "tokenizer = load_tokenizer(Path(sys.argv[1]))\n"
         "tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"

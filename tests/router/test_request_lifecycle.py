@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from common.block_hash import block_extra_keys, hash_prompt_blocks
 from pdserve.v1 import generation_pb2, sampling_pb2
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import BLOCK_SIZE, MODEL, WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over
 from tests.router.lifecycle_support import PROMPT, TEXT, collect, generate_request
 

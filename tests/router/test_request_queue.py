@@ -16,7 +16,7 @@ from common.errors import ResourceExhaustedError
 from common.grpc.errors import retry_delay_s
 from router.config import RouterConfig
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over
 from tests.router.lifecycle_support import collect, generate_request
 

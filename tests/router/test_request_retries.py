@@ -15,7 +15,7 @@ from common.grpc.errors import retry_delay_s
 from pdserve.v1 import sampling_pb2
 from router.migration import BACKOFF_MAX_S, RetryBudget
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over
 from tests.router.lifecycle_support import PROMPT, TEXT, collect, generate_request
 

@@ -13,7 +13,7 @@ from common.errors import InvalidArgumentError
 from common.grpc.errors import bad_request_fields
 from pdserve.v1 import generation_pb2, sampling_pb2
 from router.model_info import ModelInfo
-from router.tokenizer_pool import TokenizerPool
+from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import FakeDecode, FakePrefill, decode_steps, router_over
 from tests.router.lifecycle_support import collect, generate_request
 

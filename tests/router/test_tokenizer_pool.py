@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from common.errors import InvalidArgumentError, UnavailableError
-from router.tokenizer_pool import ChatMessage, TokenizerPool
+from router.tokenizer.tokenizer_pool import ChatMessage, TokenizerPool
 
 pytestmark = pytest.mark.anyio
 

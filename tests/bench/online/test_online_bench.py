@@ -26,7 +26,7 @@ from bench.online.router_overhead import ClientJob, split_job
 from bench.reporting.stats import RequestTiming, max_rate_meeting, slo_attainment
 from bench.workloads import RequestSpec, mixed_requests, shared_prefix_requests
 from common.detokenizer import IncrementalDetokenizer
-from router.tokenizer_pool import load_tokenizer
+from router.tokenizer.tokenizer_pool import load_tokenizer
 
 POD_FLAGS = "--heartbeat-s 0.2 --num-blocks 512"
 TINY = ["--input-len", "16", "--output-len", "2", "--warmup-prompts", "1"]

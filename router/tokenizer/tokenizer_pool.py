@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from common.child_process import die_with_parent
 from common.errors import InvalidArgumentError, UnavailableError
-from router.tokenizer_worker import ERROR, INVALID, OK, TokenizerWorker
+from router.tokenizer.tokenizer_worker import ERROR, INVALID, OK, TokenizerWorker
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The router's end of one tokenizer worker process (see router.tokenizer_pool): a socket carrying pickled
+"""The router's end of one tokenizer worker process (see router.tokenizer.tokenizer_pool): a socket carrying pickled
 (id, op, arg) requests out and (id, status, value) replies back, in order, with the requests still outstanding.
 
 NOTE: the worker writes with multiprocessing.Connection.send_bytes, whose frames (< 2 GiB) are a 4-byte big-endian
