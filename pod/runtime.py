@@ -74,7 +74,7 @@ class PodRuntime:
         self.metrics = ServiceMetrics(role)
         self.metrics_port: int | None = None
         # NOTE: tracing first, so that its SERVER span sees the status the ErrorInterceptor sets.
-        # NOTE: the router pings its pod channels every second (router.pod_client.KEEPALIVE_OPTIONS) to see a
+        # NOTE: the router pings its pod channels every second (router.pods.pod_client.KEEPALIVE_OPTIONS) to see a
         # stopped or vanished pod in seconds; the server's defaults would answer such pings with GOAWAY.
         self.server = grpc.aio.server(
             interceptors=[*self.tracing.server_interceptors(), ErrorInterceptor(POD_FIELD_PATHS)],

@@ -12,7 +12,7 @@
 A KV target answered under another generation than the decode pod's listed one (the pod restarted under the same
 id and address) fails the leg: a reference is only ever used with the incarnation that made it.
 A pod call failing in a way another pair of pods could fix raises `LegFailed`, naming the pod to blame: the pod
-is unavailable (gone, draining, its keepalive lapsed) or its call failed (`router.pod_errors.PodCallFailed`: a KV
+is unavailable (gone, draining, its keepalive lapsed) or its call failed (`router.pods.pod_errors.PodCallFailed`: a KV
 transfer or reservation that ended, e.g. its lease lapsed, which from the Prefill stream blames the decode pod,
 whose receiver stopped answering; or the peer went away mid-call). A decode pod out of KV blocks raises
 `DecodePodFull`. Anything else (bad input, overload, the client's deadline) propagates as it is.
@@ -28,10 +28,10 @@ from collections.abc import AsyncGenerator, Iterator
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodInfo
 from kv_transfer.target import KVTarget
-from router.decode_stream import DecodeCollector
 from router.migration import LegInput
 from router.outputs import DecodeStep, FirstToken, TransferDone
-from router.pod_errors import PodCallFailed
+from router.pods.decode_stream import DecodeCollector
+from router.pods.pod_errors import PodCallFailed
 from router.prefill_tail import cancel_and_wait, result_within, transfer_done
 from router.run_context import PromptPlan, RunContext
 

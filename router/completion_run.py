@@ -43,7 +43,7 @@ from common.telemetry import (
 from router.completion_leg import CompletionLeg, DecodePodFull, LegFailed
 from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
-from router.routing_policy import pairable_prefill_pods, paired_decode_pods
+from router.pods.routing_policy import pairable_prefill_pods, paired_decode_pods
 from router.run_context import PromptPlan, RunContext
 from router.wait_queue import WaitTimedOut
 

@@ -1,6 +1,6 @@
 """Plain values the router's core exchanges: what pods answer and what a Generate stream carries.
 
-Protobuf conversion happens at the edges (`router.pod_client` for the pods, `router.server` for
+Protobuf conversion happens at the edges (`router.pods.pod_client` for the pods, `router.server` for
 clients); everything between sees these.
 """
 

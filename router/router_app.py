@@ -50,13 +50,13 @@ from router.admission import RouterAdmission
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer
-from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.model_info import ModelInfo
-from router.pod_view import PodView
+from router.pods.local_load import LocalLoads
+from router.pods.pod_view import PodView
+from router.pods.routing_policy import RoutingPolicy
 from router.request_lifecycle import RequestLifecycle
 from router.router_process import RouterProcess
-from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
 from router.running_requests import RunningRequests
 from router.security import RouterSecurity

@@ -13,10 +13,10 @@ from transformers import PreTrainedTokenizerBase
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
 from router.admission import RouterAdmission
-from router.local_load import LocalLoads
 from router.migration import RetryBudget
-from router.pod_view import PodView
-from router.routing_policy import RoutingPolicy
+from router.pods.local_load import LocalLoads
+from router.pods.pod_view import PodView
+from router.pods.routing_policy import RoutingPolicy
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,7 +27,7 @@ Which state is whose:
 - each process's own: its running requests by id (router.running_requests: an Abort reaching any process is fanned
   out to the others, router.sibling_aborts); admission's tickets and the waiters of its queue (router.wait_queue: a
   process wakes only its own; with siblings it re-checks the shared counts while it has waiters, router.admission);
-  local loads (router.local_load: what this process put on each pod since the last registry read); the retry budget
+  local loads (router.pods.local_load: what this process put on each pod since the last registry read); the retry budget
   (router.migration: 1/N of the router's each); the pod view, its channels and decode streams; the tokenizer pool
   (its share of `--tokenizer-pool-size`); health and the drain.
 """

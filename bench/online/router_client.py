@@ -24,8 +24,8 @@ from common.errors import PdserveError
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.outputs import FirstToken, TransferDone
-from router.pod_client import PodClient
-from router.pod_errors import PodCallFailed
+from router.pods.pod_client import PodClient
+from router.pods.pod_errors import PodCallFailed
 
 # NOTE: a connection of the channel's own (not gRPC's process-wide subchannel pool), so that each client process
 # reaches the router over its own TCP connection, as separate clients would.

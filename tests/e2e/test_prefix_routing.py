@@ -6,7 +6,7 @@ from __future__ import annotations
 from cli.cluster import LocalCluster
 from client.generation_client import GenerationClient
 from common.block_hash import block_extra_keys, hash_prompt_blocks
-from router.routing_policy import rendezvous_order
+from router.pods.routing_policy import rendezvous_order
 from tests.e2e.support import BLOCK_SIZE, MIN_CACHED, PREFIX_TOKENS, sequential, token_prefix
 
 

@@ -30,12 +30,12 @@ from pdserve.v1 import (
 )
 from router.admission import RouterAdmission
 from router.config import RouterConfig
-from router.local_load import LocalLoads
 from router.migration import RetryBudget
 from router.model_info import ModelInfo
-from router.pod_view import PodView
+from router.pods.local_load import LocalLoads
+from router.pods.pod_view import PodView
+from router.pods.routing_policy import RoutingPolicy
 from router.request_lifecycle import RequestLifecycle
-from router.routing_policy import RoutingPolicy
 from router.run_context import RunContext
 from router.server import GenerationServicer
 from router.tokenizer.tokenizer_pool import TokenizerPool

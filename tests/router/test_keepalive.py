@@ -1,4 +1,4 @@
-"""The router's pod channel options (router.pod_client.KEEPALIVE_OPTIONS) against a real server process that is
+"""The router's pod channel options (router.pods.pod_client.KEEPALIVE_OPTIONS) against a real server process that is
 stopped with SIGSTOP: a call in flight fails with UNAVAILABLE within seconds, not when a lease or TTL lapses."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from router.pod_client import KEEPALIVE_OPTIONS
+from router.pods.pod_client import KEEPALIVE_OPTIONS
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from cli.redis_server import RedisServer
 from common.errors import UnavailableError
 from common.grpc.server import add_standard_services
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-from router.local_load import LocalLoads
-from router.pod_view import PodView
+from router.pods.local_load import LocalLoads
+from router.pods.pod_view import PodView
 
 pytestmark = pytest.mark.anyio
 

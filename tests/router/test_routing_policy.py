@@ -11,8 +11,8 @@ import pytest
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 from router.config import RoutingConfig
-from router.local_load import LocalLoad, LocalLoads
-from router.routing_policy import RoutingPolicy, pairable_prefill_pods, paired_decode_pods, rendezvous_order
+from router.pods.local_load import LocalLoad, LocalLoads
+from router.pods.routing_policy import RoutingPolicy, pairable_prefill_pods, paired_decode_pods, rendezvous_order
 
 BLOCK_SIZE = 16
 KEY = hashlib.blake2b(b"first block", digest_size=16).digest()

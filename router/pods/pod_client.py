@@ -2,8 +2,8 @@
 pods).
 
 Protobuf stays here: callers pass and get plain values (`router.outputs`), and a failed call raises the typed error
-`router.pod_errors` classifies it as. A decode pod's requests share one DecodeStream per router
-(`router.decode_stream`), opened with the first of them.
+`router.pods.pod_errors` classifies it as. A decode pod's requests share one DecodeStream per router
+(`router.pods.decode_stream`), opened with the first of them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from common.tls import ChannelSecurity
 from kv_transfer.target import KVTarget
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from pod.convert import kv_target_from_pb, kv_target_to_pb
-from router.decode_stream import DecodeCollector, DecodeMux
 from router.outputs import DecodeStep, FirstToken, TransferDone
-from router.pod_errors import rpc_error
+from router.pods.decode_stream import DecodeCollector, DecodeMux
+from router.pods.pod_errors import rpc_error
 
 KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 1_000),

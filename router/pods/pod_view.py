@@ -15,7 +15,7 @@
   refresh, no sooner than `cooldown_s` after the failure) or is listed with another generation (restarted).
   The registry's TTL is only the backstop for pods nobody called.
 - After every successful read the refresh listeners are called (router.admission: capacity may have returned).
-- One grpc.aio channel per pod, reused by every request, with keepalive pings (`router.pod_client`); a channel
+- One grpc.aio channel per pod, reused by every request, with keepalive pings (`router.pods.pod_client`); a channel
   whose pod left the list is closed after a grace period (its in-flight calls may still be finishing).
 """
 
@@ -32,8 +32,8 @@ import grpc.aio
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo, PodRole
 from common.tls import ChannelSecurity
-from router.local_load import LocalLoads
-from router.pod_client import PodClient
+from router.pods.local_load import LocalLoads
+from router.pods.pod_client import PodClient
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@
    entry's tokens and every end to its request's collector.
 3. A collector merges what arrives until its consumer takes it (`next_step`): a consumer slower than the engine gets
    several steps' tokens at once, never a backlog; one that keeps up gets each step as it arrives.
-4. A request ends with its end (a finish reason, or its own error, classified by `router.pod_errors`), or early with
-   `cancel` (a DecodeCancel goes out). The stream failing (the pod died, the connection broke, the pod ended it)
-   fails every collector on it at once, each with the same error, and the next request opens a new stream.
+4. A request ends with its end (a finish reason, or its own error, classified by `router.pods.pod_errors`), or early
+   with `cancel` (a DecodeCancel goes out). The stream failing (the pod died, the connection broke, the pod ended
+   it) fails every collector on it at once, each with the same error, and the next request opens a new stream.
 Protobuf stays here and in the reader: collectors and their consumers see plain values (`router.outputs.DecodeStep`).
 """
 
@@ -29,7 +29,7 @@ from common.sampling_params import SamplingParams
 from common.telemetry import context_carrier
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 from router.outputs import DecodeStep
-from router.pod_errors import pod_error, rpc_error
+from router.pods.pod_errors import pod_error, rpc_error
 
 logger = logging.getLogger(__name__)
 

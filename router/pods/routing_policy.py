@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from common.errors import UnavailableError
 from common.pod_registry import PodInfo
 from router.config import RoutingConfig
-from router.local_load import LocalLoad
+from router.pods.local_load import LocalLoad
 
 
 def rendezvous_order(key: bytes, pod_ids: Sequence[str]) -> list[str]:
