@@ -40,12 +40,12 @@ from common.telemetry import (
     PDSERVE_PREFILL_POD,
     PDSERVE_ROUTE_ATTEMPT,
 )
+from router.admission.wait_queue import WaitTimedOut
 from router.completion_leg import CompletionLeg, DecodePodFull, LegFailed
 from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
 from router.pods.routing_policy import pairable_prefill_pods, paired_decode_pods
 from router.run_context import PromptPlan, RunContext
-from router.wait_queue import WaitTimedOut
 
 logger = logging.getLogger(__name__)
 

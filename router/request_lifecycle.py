@@ -1,8 +1,8 @@
 """One Generate call end to end: admission's first check, validate, tokenize, wait for room in the router's queue, hash,
 look up the prefix directory (when more than one live prefill pod is there to choose from), then run its n
-completions (`router.completion_run`) and merge them into one stream. Admission (`router.admission`) refuses at once
-before anything else (draining, the client's streams, a full queue, a predicted wait too long), and sends the call on
-once there is room; its first chunk and its end free that room. Input limits are checked before tokenizing
+completions (`router.completion_run`) and merge them into one stream. Admission (`router.admission.admission`) refuses
+at once before anything else (draining, the client's streams, a full queue, a predicted wait too long), and sends the
+call on once there is room; its first chunk and its end free that room. Input limits are checked before tokenizing
 (`router.input_checks`): ids, n and stop strings, the prompt's bytes; its tokens after.
 
 The completions of a call share the prompt, its block hashes and the directory's answer; each is
@@ -60,7 +60,7 @@ class GenerateInput:
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None
     client_id: str = ""
-    """Who sent the call, for the per-client admission limit (router.admission.client_id)."""
+    """Who sent the call, for the per-client admission limit (router.admission.admission.client_id)."""
 
 
 class PrefixLookup(Protocol):

@@ -7,14 +7,14 @@
   (NOT_SERVING) and reflection, bound to `port` (with `RouterSecurity`: TLS, bearer tokens, mTLS to the pods), and
   with `--http-port` the OpenAI-compatible HTTP API (router.http) over the same lifecycle, same tokens.
 - `start()`: the gRPC (and HTTP) server starts and the pod view reads the registry. Calls are taken from here on
-  (with no live pod they wait in the router's queue, router.admission); health turns SERVING (HTTP /health 200) once
-  the pod view has seen a live prefill pod and a live decode pod, so that orchestrators send no traffic to a router
-  that could only queue it. It stays SERVING if the pods leave later: calls wait for them to return (a rolling
+  (with no live pod they wait in the router's queue, router.admission.admission); health turns SERVING (HTTP /health
+  200) once the pod view has seen a live prefill pod and a live decode pod, so that orchestrators send no traffic to a
+  router that could only queue it. It stays SERVING if the pods leave later: calls wait for them to return (a rolling
   restart, a scale from zero), and a liveness probe on the same health must not restart the router meanwhile.
 - `drain(timeout_s)`: health NOT_SERVING and `status.draining` (GetLoad: DRAINING; HTTP /health: 503 draining), so
   load balancers and clients stop sending new calls; a new Generate call (gRPC or HTTP) is refused UNAVAILABLE with a
-  RetryInfo (router.admission); the servers keep serving the calls in flight, health, GetLoad and the rest until none
-  is left, or `timeout_s` passed.
+  RetryInfo (router.admission.admission); the servers keep serving the calls in flight, health, GetLoad and the rest
+  until none is left, or `timeout_s` passed.
 - `close(grace_s)`: the gRPC and HTTP servers stop (in-flight calls get `grace_s`), then the pod view, the tokenizer
   pool, the directory and the registry close; queued spans are exported; /metrics stops.
 As one of the processes of a router run with `--workers N` (`process`, router.supervisor): both servers share their
@@ -46,7 +46,7 @@ from common.telemetry import Tracing, setup_tracing
 from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
-from router.admission import RouterAdmission
+from router.admission.admission import RouterAdmission
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer

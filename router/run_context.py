@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
-from router.admission import RouterAdmission
+from router.admission.admission import RouterAdmission
 from router.migration import RetryBudget
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView

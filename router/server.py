@@ -19,7 +19,7 @@ from common.pod_registry import PodInfo
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
-from router.admission import client_id
+from router.admission.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.request_lifecycle import GenerateInput, RequestLifecycle
 from router.running_requests import AbortResult, RequestAbortedError, merge_aborts

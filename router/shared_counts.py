@@ -11,8 +11,8 @@ A row holds the `Total`s and a per-client table: a client id falls into one of C
 (blake2b, never Python's `hash()`, so every process agrees), and the bucket counts its open streams. NOTE: clients
 whose hashes share a bucket share its count: a client may be counted a neighbour's streams too (never fewer than its
 own), one pair of clients in CLIENT_BUCKETS. A row also holds a ring of DRAIN_BUCKETS one-second buckets of what
-drained (router.admission_state: calls that got their first token): each bucket holds its second's amount and the
-time its first amount drained; a bucket is reused DRAIN_BUCKETS seconds later, its amount zeroed before its time
+drained (router.admission.admission_state: calls that got their first token): each bucket holds its second's amount and
+the time its first amount drained; a bucket is reused DRAIN_BUCKETS seconds later, its amount zeroed before its time
 moves on (so that a reader never counts an old second's amount as a new one's). Times are `time.monotonic()`
 (CLOCK_MONOTONIC: one clock for every process of the host). A lone router process uses an anonymous table of one row
 (`SharedCounts.local`), so that the code reading it is the same.
@@ -40,7 +40,8 @@ class Total(enum.IntEnum):
     RUNNING_REQUESTS = 0
     """Requests being generated (RunningRequests: GetLoad's num_running_requests)."""
     QUEUED_REQUESTS = 1
-    """Calls in the router not yet sent on to the pods: tokenizing, or in the wait queue (router.admission_state)."""
+    """Calls in the router not yet sent on to the pods: tokenizing, or in the wait queue
+    (router.admission.admission_state)."""
     IN_FLIGHT_REQUESTS = 2
     """Calls sent on to the pods and waiting for their first token."""
     IN_FLIGHT_PROMPT_TOKENS = 3

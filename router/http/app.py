@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.auth import TokenAuthenticator
 from common.errors import InvalidArgumentError
-from router.admission import client_id
+from router.admission.admission import client_id
 from router.http import protocol
 from router.http.errors import HttpError, http_error
 from router.http.protocol import CompletionBodies, Endpoint

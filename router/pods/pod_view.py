@@ -14,7 +14,7 @@
   at once: skipped while other pods of its role remain, until it answers a health check SERVING (probed at each
   refresh, no sooner than `cooldown_s` after the failure) or is listed with another generation (restarted).
   The registry's TTL is only the backstop for pods nobody called.
-- After every successful read the refresh listeners are called (router.admission: capacity may have returned).
+- After every successful read the refresh listeners are called (router.admission.admission: capacity may have returned).
 - One grpc.aio channel per pod, reused by every request, with keepalive pings (`router.pods.pod_client`); a channel
   whose pod left the list is closed after a grace period (its in-flight calls may still be finishing).
 """

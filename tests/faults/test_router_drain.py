@@ -14,7 +14,7 @@ from cli.cluster import LocalCluster
 from client.generation_client import GenerationClient
 from common.grpc.errors import retry_delay_s
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from router.admission import DRAIN_RETRY_S
+from router.admission.admission import DRAIN_RETRY_S
 from router.server import SERVICE_NAME
 from tests.e2e.support import wait_until
 from tests.faults.input_support import PARIS, PARIS_PROMPT, answers_paris

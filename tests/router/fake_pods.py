@@ -28,7 +28,7 @@ from pdserve.v1 import (
     prefill_pb2_grpc,
     sampling_pb2,
 )
-from router.admission import RouterAdmission
+from router.admission.admission import RouterAdmission
 from router.config import RouterConfig
 from router.migration import RetryBudget
 from router.model_info import ModelInfo

@@ -1,5 +1,6 @@
-"""The router's admission (router.admission) on a fake clock: who a client is, the refusals at arrival and their
-RetryInfo delays, calls waiting for room in flight or a live pod, the wait's bound, and waiting for room mid-call."""
+"""The router's admission (router.admission.admission) on a fake clock: who a client is, the refusals at arrival and
+their RetryInfo delays, calls waiting for room in flight or a live pod, the wait's bound, and waiting for room
+mid-call."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pytest
 
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodRole
-from router.admission import DRAIN_RETRY_S, MIN_RETRY_S, RouterAdmission, client_id
-from router.admission_state import Stage
+from router.admission.admission import DRAIN_RETRY_S, MIN_RETRY_S, RouterAdmission, client_id
+from router.admission.admission_state import Stage
+from router.admission.wait_queue import WaitTimedOut
 from router.config import RouterConfig
-from router.wait_queue import WaitTimedOut
 
 
 class Clock:

@@ -1,5 +1,5 @@
-"""The router's admission (router.admission) with `--workers N`: two admissions over two rows of one counts table
-stand for two router processes (the table itself is tested across real processes in test_shared_counts.py). A call
+"""The router's admission (router.admission.admission) with `--workers N`: two admissions over two rows of one counts
+table stand for two router processes (the table itself is tested across real processes in test_shared_counts.py). A call
 admitted in one counts against the limits in the other (calls and prompt tokens in flight, calls queued, a client's
 streams), the drain rate is both's, a waiter in one goes when room returns in the other, and a dead process's row
 counts no more once the supervisor clears it."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import ResourceExhaustedError
-from router.admission import RouterAdmission
-from router.admission_state import Stage
+from router.admission.admission import RouterAdmission
+from router.admission.admission_state import Stage
 from router.config import RouterConfig
 from router.shared_counts import SharedCounts
 from tests.router.test_admission import Clock, Pods

@@ -1,5 +1,5 @@
-"""The router's wait queue (router.wait_queue) on a fake clock: arrival order, the head holding the line, deadlines,
-cancellation freeing a place, and a claim made for a waiter that is cancelled before it resumes."""
+"""The router's wait queue (router.admission.wait_queue) on a fake clock: arrival order, the head holding the line,
+deadlines, cancellation freeing a place, and a claim made for a waiter that is cancelled before it resumes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from router.wait_queue import WaitQueue, WaitTimedOut
+from router.admission.wait_queue import WaitQueue, WaitTimedOut
 
 
 class Clock:

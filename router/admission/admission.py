@@ -5,21 +5,22 @@ Every call (gRPC and HTTP alike) goes through it, from the request lifecycle (ro
    DRAIN_RETRY_S while the router drains; RESOURCE_EXHAUSTED + RetryInfo when its client holds
    `max_streams_per_client` streams, when `max_queued_requests` calls are already queued in the router (a bound on
    the memory they hold), or when the queue's predicted wait exceeds `max_queue_wait_s` or the call's own deadline
-   (it could not be served in time). Otherwise the call is queued (router.admission_state) and gets its ticket.
+   (it could not be served in time). Otherwise the call is queued (router.admission.admission_state) and gets its
+   ticket.
 2. `admit(ticket, ...)` once tokenized: the call is sent on to the pods as soon as a live prefill and a live decode
    pod are known and the calls in flight (sent on, first token not yet back) leave room for it, per live prefill
    pod `max_waiting_requests_per_prefill_pod` calls and `max_queued_prompt_tokens_per_prefill_pod` prompt tokens.
-   Until then it waits in the wait queue (router.wait_queue), in arrival order, at most `max_queue_wait_s` (and its
-   own deadline); past that it ends RESOURCE_EXHAUSTED + RetryInfo (UNAVAILABLE + RetryInfo while no pod of a role
-   is live).
+   Until then it waits in the wait queue (router.admission.wait_queue), in arrival order, at most `max_queue_wait_s`
+   (and its own deadline); past that it ends RESOURCE_EXHAUSTED + RetryInfo (UNAVAILABLE + RetryInfo while no pod of a
+   role is live).
 3. A completion already sent on that finds every decode pod out of KV blocks, or no live pod, waits in the same
    queue (`wait_for_room`, in its call's arrival order, so ahead of later calls) for capacity to return.
 4. `start(ticket)` on its first token, `leave(ticket)` at its end, however it ends.
 Capacity may return (the queue is woken) when the pod view reads the registry (`on_pods_refreshed`: new pods, more
 free KV blocks), when a call gets its first token, and when one ends.
 The limits are the whole router's, whatever `--workers N` is: the calls queued and in flight, their prompt tokens,
-each client's streams and the drain rate are summed over the router's processes (router.admission_state, over the
-table they share, router.shared_counts). The waiters stay each process's own: where the table has other processes'
+each client's streams and the drain rate are summed over the router's processes (router.admission.admission_state, over
+the table they share, router.shared_counts). The waiters stay each process's own: where the table has other processes'
 rows, a process's queue also re-checks its head every CROSS_PROCESS_RECHECK_S while it has waiters, so that room
 freed by another process's call (its first token, its end) reaches them within that. NOTE: a process checks for
 room and claims it in one step of its event loop, but two processes may both see the last place and both take it:
@@ -41,10 +42,10 @@ from collections.abc import Callable, Iterable
 from common.errors import PdserveError, ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodRole
 from pod.drain_rate import DRAIN_WINDOW_S
-from router.admission_state import AdmissionState, Stage, Ticket
+from router.admission.admission_state import AdmissionState, Stage, Ticket
+from router.admission.wait_queue import WaitQueue, WaitTimedOut
 from router.config import RouterConfig
 from router.shared_counts import SharedCounts
-from router.wait_queue import WaitQueue, WaitTimedOut
 
 CLIENT_ID_KEY = "x-client-id"
 DRAIN_RETRY_S = 1.0

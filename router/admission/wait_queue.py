@@ -11,7 +11,7 @@ Lifecycle of one waiter (`WaitQueue.wait(arrival, deadline, take)`):
 3. It leaves the line when it goes (`wait` returns), at its `deadline` (`wait` raises WaitTimedOut), or when its
    task is cancelled (its client went away, or the call's deadline passed): its place is freed at once.
 NOTE: a waiter whose `take` succeeded and whose task is cancelled before it resumes keeps what `take` claimed: the
-caller gives it back where it ends the call (router.admission's tickets do, whatever their stage).
+caller gives it back where it ends the call (router.admission.admission's tickets do, whatever their stage).
 Per process: the waiters are this process's own calls (a process can only wake its own), in the order of their
 arrivals; a call arriving in another process of the router waits in that one's queue, and takes the room it finds
 without regard to this one's waiters. Everything runs on one event loop: no locks.

@@ -8,7 +8,7 @@ Lifecycle of one call's `Ticket` (each step moves the counts; `leave` from any s
 The whole router's: the counts live in the table its processes share (router.shared_counts). Each process writes its
 own row as its own tickets move, and every count read here is the sum over the rows, so that an admission limit means
 the same whatever `--workers N` is (a lone router has a table of one row: the same code). The tickets themselves (a
-call's stage and prompt tokens) are the process's own, as are the waiters in its queue (router.wait_queue).
+call's stage and prompt tokens) are the process's own, as are the waiters in its queue (router.admission.wait_queue).
 The drain rate is the whole router's too: the predicted wait divides the whole router's calls ahead by the rate at
 which first tokens came, and a process alone sees 1/N of them. Each process counts its first tokens in its row's
 ring of one-second buckets (`SharedCounts.add_drained`); the rate is what every row drained within the last
