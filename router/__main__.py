@@ -10,9 +10,10 @@ Telemetry (common.telemetry_config flags): OTLP traces when an endpoint is known
 Prometheus /metrics on `--metrics-port`.
 Security (router.security, each off unless configured): `--tls-cert/--tls-key` on the public port, `--mtls-*` to
 the pods, `--auth-tokens-file` / `PDSERVE_AUTH_TOKENS` on the API.
-Processes (`--workers` / `PDSERVE_ROUTER_WORKERS`; 0, the default, picks from the cores: router.router_process): with
-one, this process serves; with more, it supervises that many worker processes serving the same ports
-(router.supervisor, router.worker), and prints the same line once every one of them serves.
+Processes (`--workers` / `PDSERVE_ROUTER_WORKERS`; 0, the default, picks from the cores:
+router.processes.router_process): with one, this process serves; with more, it supervises that many worker processes
+serving the same ports (router.processes.supervisor, router.processes.worker), and prints the same line once every one
+of them serves.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from common.config import ConfigValueError, add_config_args, config_from_args
 from common.telemetry_config import TelemetryConfig
 from common.tls import ClusterTLSConfig, PublicTLSConfig
 from router.config import RouterConfig, RoutingConfig
-from router.router_process import RouterProcess, num_workers
+from router.processes.router_process import RouterProcess, num_workers
+from router.processes.supervisor import supervise
 from router.security import RouterSecurity
-from router.supervisor import supervise
 
 logger = logging.getLogger("router")
 

@@ -45,8 +45,8 @@ class RouterConfig:
     workers: int = field(
         default=0,
         metadata=doc(
-            "router processes serving its ports together (SO_REUSEPORT; router.supervisor); 0: one per 4 cores, at "
-            "least 1, at most 8",
+            "router processes serving its ports together (SO_REUSEPORT; router.processes.supervisor); 0: one per 4 "
+            "cores, at least 1, at most 8",
             env="PDSERVE_ROUTER_WORKERS",
         ),
     )

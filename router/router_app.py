@@ -17,12 +17,12 @@
   until none is left, or `timeout_s` passed.
 - `close(grace_s)`: the gRPC and HTTP servers stop (in-flight calls get `grace_s`), then the pod view, the tokenizer
   pool, the directory and the registry close; queued spans are exported; /metrics stops.
-As one of the processes of a router run with `--workers N` (`process`, router.supervisor): both servers share their
-ports with the siblings (SO_REUSEPORT), the gRPC server also listens on the process's private Unix socket, Abort
-reaches the siblings' requests too (router.sibling_aborts), the running requests and admission's counts are kept in
-the supervisor's table (router.shared_counts: admission's limits are the whole router's), the tokenizer pool and the
-retry budget are this process's share, and /metrics (on `--metrics-port`, from the supervisor, and on the HTTP port)
-covers every process.
+As one of the processes of a router run with `--workers N` (`process`, router.processes.supervisor): both servers share
+their ports with the siblings (SO_REUSEPORT), the gRPC server also listens on the process's private Unix socket, Abort
+reaches the siblings' requests too (router.processes.sibling_aborts), the running requests and admission's counts are
+kept in the supervisor's table (router.processes.shared_counts: admission's limits are the whole router's), the
+tokenizer pool and the retry budget are this process's share, and /metrics (on `--metrics-port`, from the supervisor,
+and on the HTTP port) covers every process.
 """
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ from router.model_info import ModelInfo
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView
 from router.pods.routing_policy import RoutingPolicy
+from router.processes.router_process import RouterProcess
+from router.processes.shared_counts import SharedCounts, Total
+from router.processes.sibling_aborts import SiblingAborts
 from router.request_lifecycle import RequestLifecycle
-from router.router_process import RouterProcess
 from router.run_context import RunContext
 from router.running_requests import RunningRequests
 from router.security import RouterSecurity
 from router.server import SERVICE_NAME, GenerationServicer
 from router.server_status import ServerStatus
-from router.shared_counts import SharedCounts, Total
-from router.sibling_aborts import SiblingAborts
 from router.tokenizer.tokenizer_pool import TokenizerPool, load_tokenizer
 
 logger = logging.getLogger("router")

@@ -12,8 +12,8 @@
 4. When a stream ends, however it ends, its id joins the last `max_finished` finished ids, so an abort that
    comes late answers ALREADY_FINISHED rather than NOT_FOUND.
 Per process: with `--workers N` each router process knows its own requests only; an Abort reaching one process is
-forwarded to the others (router.sibling_aborts) and their answers merge (`merge_aborts`). The count of running
-requests goes to `on_count` at every change (the whole router's count: router.shared_counts).
+forwarded to the others (router.processes.sibling_aborts) and their answers merge (`merge_aborts`). The count of running
+requests goes to `on_count` at every change (the whole router's count: router.processes.shared_counts).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.admission.admission import client_id
 from router.outputs import CompletionChunk, CompletionMetrics
+from router.processes.sibling_aborts import SiblingAborts, is_forwarded
 from router.request_lifecycle import GenerateInput, RequestLifecycle
 from router.running_requests import AbortResult, RequestAbortedError, merge_aborts
 from router.server_status import ServerStatus
-from router.sibling_aborts import SiblingAborts, is_forwarded
 from router.tokenizer.tokenizer_pool import ChatMessage
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
@@ -34,7 +34,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     """pdserve.v1.GenerationService over a RequestLifecycle; `siblings`: the router's other processes, which Abort
-    reaches too (router.sibling_aborts; None: a lone process)."""
+    reaches too (router.processes.sibling_aborts; None: a lone process)."""
 
     def __init__(
         self,

@@ -11,9 +11,9 @@ import pytest
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model
 
-# NOTE: a router's default process count comes from the cores (router.router_process); the tests' routers (their
-# admission limits, GetLoad's answers) must not change with the machine that runs them. Tests of several processes
-# pass --workers; PDSERVE_ROUTER_WORKERS set outside wins.
+# NOTE: a router's default process count comes from the cores (router.processes.router_process); the tests' routers
+# (their admission limits, GetLoad's answers) must not change with the machine that runs them. Tests of several
+# processes pass --workers; PDSERVE_ROUTER_WORKERS set outside wins.
 os.environ.setdefault("PDSERVE_ROUTER_WORKERS", "1")
 
 

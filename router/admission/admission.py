@@ -20,9 +20,9 @@ Capacity may return (the queue is woken) when the pod view reads the registry (`
 free KV blocks), when a call gets its first token, and when one ends.
 The limits are the whole router's, whatever `--workers N` is: the calls queued and in flight, their prompt tokens,
 each client's streams and the drain rate are summed over the router's processes (router.admission.admission_state, over
-the table they share, router.shared_counts). The waiters stay each process's own: where the table has other processes'
-rows, a process's queue also re-checks its head every CROSS_PROCESS_RECHECK_S while it has waiters, so that room
-freed by another process's call (its first token, its end) reaches them within that. NOTE: a process checks for
+the table they share, router.processes.shared_counts). The waiters stay each process's own: where the table has other
+processes' rows, a process's queue also re-checks its head every CROSS_PROCESS_RECHECK_S while it has waiters, so that
+room freed by another process's call (its first token, its end) reaches them within that. NOTE: a process checks for
 room and claims it in one step of its event loop, but two processes may both see the last place and both take it:
 for that moment a limit on the calls in flight may be passed by at most N - 1 calls (and the tokens by theirs).
 The predicted wait is the first tokens that must come before a new call is sent on over the rate they came at in
@@ -45,7 +45,7 @@ from pod.drain_rate import DRAIN_WINDOW_S
 from router.admission.admission_state import AdmissionState, Stage, Ticket
 from router.admission.wait_queue import WaitQueue, WaitTimedOut
 from router.config import RouterConfig
-from router.shared_counts import SharedCounts
+from router.processes.shared_counts import SharedCounts
 
 CLIENT_ID_KEY = "x-client-id"
 DRAIN_RETRY_S = 1.0

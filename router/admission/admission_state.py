@@ -5,15 +5,15 @@ Lifecycle of one call's `Ticket` (each step moves the counts; `leave` from any s
 2. `send(ticket, num_prompt_tokens)`: IN_FLIGHT, sent on to the pods and waiting for its first token.
 3. `start(ticket)`: STREAMING, its first token came; it counts as drained (the drain rate is in calls per second).
 4. `leave(ticket)`: LEFT, however it ended; no longer one of its client's streams.
-The whole router's: the counts live in the table its processes share (router.shared_counts). Each process writes its
-own row as its own tickets move, and every count read here is the sum over the rows, so that an admission limit means
-the same whatever `--workers N` is (a lone router has a table of one row: the same code). The tickets themselves (a
-call's stage and prompt tokens) are the process's own, as are the waiters in its queue (router.admission.wait_queue).
-The drain rate is the whole router's too: the predicted wait divides the whole router's calls ahead by the rate at
-which first tokens came, and a process alone sees 1/N of them. Each process counts its first tokens in its row's
-ring of one-second buckets (`SharedCounts.add_drained`); the rate is what every row drained within the last
-DRAIN_WINDOW_S over the span since the earliest of it, at least MIN_SPAN_S (as pod.drain_rate.DrainRate, by whole
-seconds). A ring of counters in the row needs no lock and no reader's history, forgets a second by itself when its
+The whole router's: the counts live in the table its processes share (router.processes.shared_counts). Each process
+writes its own row as its own tickets move, and every count read here is the sum over the rows, so that an admission
+limit means the same whatever `--workers N` is (a lone router has a table of one row: the same code). The tickets
+themselves (a call's stage and prompt tokens) are the process's own, as are the waiters in its queue
+(router.admission.wait_queue). The drain rate is the whole router's too: the predicted wait divides the whole router's
+calls ahead by the rate at which first tokens came, and a process alone sees 1/N of them. Each process counts its first
+tokens in its row's ring of one-second buckets (`SharedCounts.add_drained`); the rate is what every row drained within
+the last DRAIN_WINDOW_S over the span since the earliest of it, at least MIN_SPAN_S (as pod.drain_rate.DrainRate, by
+whole seconds). A ring of counters in the row needs no lock and no reader's history, forgets a second by itself when its
 bucket comes round again, and goes with a dead worker's row when the supervisor zeroes it; a decayed rate would need
 a float and its time written as one (two slots could be read torn) and is slow to trust a queue that just began.
 Everything in a process runs on one event loop: no locks.
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pod.drain_rate import MIN_SPAN_S
-from router.shared_counts import SharedCounts, Total
+from router.processes.shared_counts import SharedCounts, Total
 
 
 class Stage(enum.Enum):
@@ -72,7 +72,7 @@ class AdmissionState:
 
     def num_streams(self, client_id: str) -> int:
         """The calls of `client_id` that have not ended, whatever their stage (and those of any client sharing its
-        bucket: router.shared_counts)."""
+        bucket: router.processes.shared_counts)."""
         return self._counts.client_streams(client_id)
 
     def seconds_to_drain(self, num_calls: int) -> float | None:

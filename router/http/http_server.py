@@ -4,7 +4,7 @@ With the public port's TLS configured (`--tls-cert/--tls-key`, common.tls.Public
 same certificate and key. `start()` binds the port itself (0 picks a free one, known at once) and runs
 `uvicorn.Server.serve` as a task; `close(grace_s)` stops accepting, lets open responses finish for `grace_s`, then
 cancels them. The router keeps its own SIGTERM/SIGINT handling: uvicorn's signal capture is turned off. With
-`reuse_port` (a router of several processes, router.supervisor) the socket shares its port with its siblings'
+`reuse_port` (a router of several processes, router.processes.supervisor) the socket shares its port with its siblings'
 (SO_REUSEPORT): the kernel spreads connections over them.
 """
 

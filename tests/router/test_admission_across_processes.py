@@ -16,7 +16,7 @@ from common.errors import ResourceExhaustedError
 from router.admission.admission import RouterAdmission
 from router.admission.admission_state import Stage
 from router.config import RouterConfig
-from router.shared_counts import SharedCounts
+from router.processes.shared_counts import SharedCounts
 from tests.router.test_admission import Clock, Pods
 
 RECHECK_TIMEOUT_S = 10.0

@@ -1,5 +1,5 @@
-"""What a router process is among its siblings (router.router_process): the default process count from the cores,
-the run folder's paths and each process's share of the router's figures."""
+"""What a router process is among its siblings (router.processes.router_process): the default process count from the
+cores, the run folder's paths and each process's share of the router's figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.router_process import RouterProcess, default_num_workers, num_workers
+from router.processes.router_process import RouterProcess, default_num_workers, num_workers
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The counts table of a router's processes (router.shared_counts), written by real processes: each writes its own
-row, every reader sums the rows exactly, a cleared row counts no more; the drain ring's window by whole seconds."""
+"""The counts table of a router's processes (router.processes.shared_counts), written by real processes: each writes its
+own row, every reader sums the rows exactly, a cleared row counts no more; the drain ring's window by whole seconds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.shared_counts import CLIENT_BUCKETS, SharedCounts, Total, client_bucket
+from router.processes.shared_counts import CLIENT_BUCKETS, SharedCounts, Total, client_bucket
 
 NUM_ROWS = 3
 COLLIDING_CLIENT = "c2321"

@@ -1,5 +1,5 @@
 """Abort across a router's processes: the answers' merge, exactly, and the fan-out over real gRPC servers on Unix
-sockets, as the processes of `pdserve router --workers N` run it (router.sibling_aborts)."""
+sockets, as the processes of `pdserve router --workers N` run it (router.processes.sibling_aborts)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 from common.auth import AuthInterceptor, TokenAuthenticator, bearer_metadata
 from common.grpc.errors import ErrorInterceptor
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from router.router_process import RouterProcess
+from router.processes.router_process import RouterProcess
+from router.processes.sibling_aborts import FORWARDED_KEY, SiblingAborts
 from router.running_requests import AbortResult, RunningRequests, merge_aborts
 from router.server import GenerationServicer
 from router.server_status import ServerStatus
-from router.sibling_aborts import FORWARDED_KEY, SiblingAborts
 
 NUM_PROCESSES = 3
 TOKEN = "secret-token"

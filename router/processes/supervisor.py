@@ -1,21 +1,21 @@
 """`pdserve router --workers N` with N > 1: one router served by N processes on the same ports, and their supervisor.
 
 1. `supervise(...)`: a run folder of its own (mode 0700, removed at exit) for the workers' private Unix sockets, the
-   counts table (router.shared_counts), the Prometheus multiprocess files and the workers' configuration; with
+   counts table (router.processes.shared_counts), the Prometheus multiprocess files and the workers' configuration; with
    `--port 0` a free port is reserved first (a bound, never listening SO_REUSEPORT socket, held to the end), so that
    every worker, restarted ones too, binds the same one.
 2. /metrics on `--metrics-port`, served here: every worker's metrics, summed (common.metrics.multiprocess_registry).
-3. N workers start (`python -m router.worker <run folder> <index>`), each binding the gRPC port (and `--http-port`)
-   with SO_REUSEPORT: the kernel hands each new connection to one of them, and every call on that connection goes
-   to that worker. Once every worker says it serves, `pdserve router serving on <host:port>` is printed, as a lone
-   router prints it.
+3. N workers start (`python -m router.processes.worker <run folder> <index>`), each binding the gRPC port (and
+   `--http-port`) with SO_REUSEPORT: the kernel hands each new connection to one of them, and every call on that
+   connection goes to that worker. Once every worker says it serves, `pdserve router serving on <host:port>` is printed,
+   as a lone router prints it.
 4. A worker that exits while no stop was asked is logged, its counts row zeroed and its live gauges dropped, and it
    is started again after RESTART_DELAY_S (doubling while its restarts fail, up to MAX_RESTART_DELAY_S). A worker
    that exits before the first start completed stops everything (exit 1): a bad configuration fails every worker.
 5. SIGTERM or SIGINT is forwarded (as SIGTERM) to every worker, which drains as a lone router does; nothing restarts
    any more; the supervisor exits once every worker has, 0 if each drained cleanly. A worker still running
    `drain_timeout_s` + STOP_MARGIN_S after the signal is killed.
-Workers die with the supervisor: each asks the kernel for SIGKILL when its parent goes (router.worker).
+Workers die with the supervisor: each asks the kernel for SIGKILL when its parent goes (router.processes.worker).
 
 Which state is whose:
 - cluster-wide, in Redis, the same for every process: the pod registry and the prefix directory. The routing policy
@@ -25,7 +25,7 @@ Which state is whose:
   their prompt tokens, streams per client, and the first tokens of the last seconds for the drain rate:
   router.admission.admission_state), the metrics files.
 - each process's own: its running requests by id (router.running_requests: an Abort reaching any process is fanned
-  out to the others, router.sibling_aborts); admission's tickets and the waiters of its queue
+  out to the others, router.processes.sibling_aborts); admission's tickets and the waiters of its queue
   (router.admission.wait_queue: a process wakes only its own; with siblings it re-checks the shared counts while it has
   waiters, router.admission.admission); local loads (router.pods.local_load: what this process put on each pod since the
   last registry read); the retry budget (router.migration: 1/N of the router's each); the pod view, its channels and
@@ -51,11 +51,11 @@ from pathlib import Path
 from common.metrics import forget_process, multiprocess_registry, serve_metrics
 from common.telemetry_config import TelemetryConfig
 from router.config import RouterConfig, RoutingConfig
-from router.router_process import RouterProcess
+from router.processes.router_process import RouterProcess
+from router.processes.shared_counts import SharedCounts
 from router.security import RouterSecurity
-from router.shared_counts import SharedCounts
 
-logger = logging.getLogger("router.supervisor")
+logger = logging.getLogger("router.processes.supervisor")
 
 RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
@@ -186,7 +186,7 @@ class Supervisor:
 
     async def _start(self, index: int) -> bool:
         """Start worker `index` and wait until it serves; False if it exited first."""
-        command = [sys.executable, "-m", "router.worker", str(self._run_dir), str(index)]
+        command = [sys.executable, "-m", "router.processes.worker", str(self._run_dir), str(index)]
         worker = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=self._env
         )

@@ -1,7 +1,7 @@
 """A table of counts the router's processes share: one row per process, summed by whoever reads.
 
-1. The supervisor (router.supervisor) creates the table as a file in its run folder (`SharedCounts.create`), every
-   count zero; each worker maps it (`SharedCounts.open`) and owns one row.
+1. The supervisor (router.processes.supervisor) creates the table as a file in its run folder (`SharedCounts.create`),
+   every count zero; each worker maps it (`SharedCounts.open`) and owns one row.
 2. A process writes only its own row (`add`, `set`, `add_client_streams`, `add_drained`), from its event loop's
    thread, so no lock is needed; a reader sums the rows (`total`, `client_streams`, `drained`), and sees each count as
    it was before or after a write (aligned 8-byte slots), never torn.

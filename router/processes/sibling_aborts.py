@@ -4,7 +4,7 @@ With `--workers N` the kernel hands each client connection to one process, so an
 than the one running the request (or a request id may run in several, ids being the caller's). So:
 1. the process the Abort call reached cancels its own requests of that id (RunningRequests.abort);
 2. unless the call was itself forwarded (FORWARDED_KEY in its metadata), it sends the same Abort to every sibling at
-   once, over their private Unix sockets (router.router_process), marked forwarded and carrying the caller's
+   once, over their private Unix sockets (router.processes.router_process), marked forwarded and carrying the caller's
    `authorization` (the siblings check tokens as the public port does); a forwarded call is answered from the
    sibling's own requests only, so nothing is forwarded twice;
 3. the answers merge (running_requests.merge_aborts); a sibling that fails or does not answer within `timeout_s`

@@ -1,10 +1,10 @@
 """Which of the router's processes this one is (`RouterProcess`), and how many serve its port (`num_workers`).
 
-A router runs as one process, or as N (`--workers N`, router.supervisor) that serve the same ports. What each of
-them shares with its siblings lives in the supervisor's run folder: each process's private Unix socket (Abort by
-request id is forwarded over them, router.sibling_aborts), the counts table (router.shared_counts) and the Prometheus
-multiprocess files (/metrics of the whole router). Figures the flags give for the whole router are split here: each
-process holds its `share` of the retry budget and of the tokenizer pool.
+A router runs as one process, or as N (`--workers N`, router.processes.supervisor) that serve the same ports. What each
+of them shares with its siblings lives in the supervisor's run folder: each process's private Unix socket (Abort by
+request id is forwarded over them, router.processes.sibling_aborts), the counts table (router.processes.shared_counts)
+and the Prometheus multiprocess files (/metrics of the whole router). Figures the flags give for the whole router are
+split here: each process holds its `share` of the retry budget and of the tokenizer pool.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class RouterProcess:
 
     @property
     def counts_path(self) -> Path:
-        """The counts table every process maps (router.shared_counts)."""
+        """The counts table every process maps (router.processes.shared_counts)."""
         return self._folder() / "counts"
 
     @property

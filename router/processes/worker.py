@@ -1,11 +1,11 @@
-"""`python -m router.worker <run folder> <index>`: one of the processes of `pdserve router --workers N`, started by
-router.supervisor (never by hand).
+"""`python -m router.processes.worker <run folder> <index>`: one of the processes of `pdserve router --workers N`,
+started by router.processes.supervisor (never by hand).
 
 1. It asks the kernel for SIGKILL when its parent goes (PR_SET_PDEATHSIG), and exits at once if the parent already
    went, so that no worker outlives the supervisor, however the supervisor ends.
 2. It reads the router's configs from the run folder (`WorkerSpec`): the ports every worker binds.
-3. It serves as a lone router does (router.__main__.serve), as process `index` of N (router.router_process): its
-   serving line tells the supervisor it is up; SIGTERM drains it.
+3. It serves as a lone router does (router.__main__.serve), as process `index` of N (router.processes.router_process):
+   its serving line tells the supervisor it is up; SIGTERM drains it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import uvloop
 
 from common.child_process import die_with_parent
 from router.__main__ import serve
-from router.router_process import RouterProcess
-from router.supervisor import WorkerSpec
+from router.processes.router_process import RouterProcess
+from router.processes.supervisor import WorkerSpec
 
 
 def main(argv: Sequence[str] | None = None) -> int:
