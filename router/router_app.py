@@ -47,10 +47,13 @@ from common.telemetry_config import TelemetryConfig
 from engine.model_store import resolve_model
 from pdserve.v1 import generation_pb2_grpc
 from router.admission.admission import RouterAdmission
+from router.completion.migration import RetryBudget
+from router.completion.request_lifecycle import RequestLifecycle
+from router.completion.run_context import RunContext
+from router.completion.running_requests import RunningRequests
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer
-from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView
@@ -58,9 +61,6 @@ from router.pods.routing_policy import RoutingPolicy
 from router.processes.router_process import RouterProcess
 from router.processes.shared_counts import SharedCounts, Total
 from router.processes.sibling_aborts import SiblingAborts
-from router.request_lifecycle import RequestLifecycle
-from router.run_context import RunContext
-from router.running_requests import RunningRequests
 from router.security import RouterSecurity
 from router.server import SERVICE_NAME, GenerationServicer
 from router.server_status import ServerStatus

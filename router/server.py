@@ -20,10 +20,10 @@ from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_p
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from router.admission.admission import client_id
+from router.completion.request_lifecycle import GenerateInput, RequestLifecycle
+from router.completion.running_requests import AbortResult, RequestAbortedError, merge_aborts
 from router.outputs import CompletionChunk, CompletionMetrics
 from router.processes.sibling_aborts import SiblingAborts, is_forwarded
-from router.request_lifecycle import GenerateInput, RequestLifecycle
-from router.running_requests import AbortResult, RequestAbortedError, merge_aborts
 from router.server_status import ServerStatus
 from router.tokenizer.tokenizer_pool import ChatMessage
 
@@ -50,7 +50,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     # NOTE: a coroutine writing its responses (grpc.aio's reader-writer API), not an async generator as the generated
     # base class types it: an Abort cancels this task wherever it waits, writes included, and only a frame that
-    # awaits the writes itself can turn that cancellation into the call's status (router.running_requests).
+    # awaits the writes itself can turn that cancellation into the call's status (router.completion.running_requests).
     async def Generate(  # type: ignore[override]
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> None:

@@ -1,6 +1,6 @@
 """The router's admission control: which Generate calls are refused, which wait, and for how long.
 
-Every call (gRPC and HTTP alike) goes through it, from the request lifecycle (router.request_lifecycle):
+Every call (gRPC and HTTP alike) goes through it, from the request lifecycle (router.completion.request_lifecycle):
 1. `enter(client_id, timeout_s)` on arrival, before tokenizing: refused at once, UNAVAILABLE + RetryInfo of
    DRAIN_RETRY_S while the router drains; RESOURCE_EXHAUSTED + RetryInfo when its client holds
    `max_streams_per_client` streams, when `max_queued_requests` calls are already queued in the router (a bound on

@@ -28,12 +28,12 @@ from transformers import PreTrainedTokenizerBase
 from common.auth import TokenAuthenticator
 from common.errors import InvalidArgumentError
 from router.admission.admission import client_id
+from router.completion.request_lifecycle import GenerateInput, RequestLifecycle
 from router.http import protocol
 from router.http.errors import HttpError, http_error
 from router.http.protocol import CompletionBodies, Endpoint
 from router.http.streaming import DisconnectWatcher, SseResponse
 from router.outputs import CompletionChunk, Usage
-from router.request_lifecycle import GenerateInput, RequestLifecycle
 from router.server_status import ServerStatus
 
 REQUEST_ID_HEADER = "x-request-id"

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
+from router.completion.request_lifecycle import GenerateInput
 from router.outputs import CompletionChunk, Usage
-from router.request_lifecycle import GenerateInput
 from router.tokenizer.tokenizer_pool import ChatMessage
 
 Endpoint = Literal["completions", "chat"]

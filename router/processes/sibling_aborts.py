@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import grpc.aio
 
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from router.running_requests import AbortResult
+from router.completion.running_requests import AbortResult
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ Which state is whose:
   so that its limits mean the same whatever N: calls queued in the router, calls in flight to the prefill pods and
   their prompt tokens, streams per client, and the first tokens of the last seconds for the drain rate:
   router.admission.admission_state), the metrics files.
-- each process's own: its running requests by id (router.running_requests: an Abort reaching any process is fanned
-  out to the others, router.processes.sibling_aborts); admission's tickets and the waiters of its queue
+- each process's own: its running requests by id (router.completion.running_requests: an Abort reaching any process is
+  fanned out to the others, router.processes.sibling_aborts); admission's tickets and the waiters of its queue
   (router.admission.wait_queue: a process wakes only its own; with siblings it re-checks the shared counts while it has
   waiters, router.admission.admission); local loads (router.pods.local_load: what this process put on each pod since the
-  last registry read); the retry budget (router.migration: 1/N of the router's each); the pod view, its channels and
-  decode streams; the tokenizer pool (its share of `--tokenizer-pool-size`); health and the drain.
+  last registry read); the retry budget (router.completion.migration: 1/N of the router's each); the pod view, its
+  channels and decode streams; the tokenizer pool (its share of `--tokenizer-pool-size`); health and the drain.
 """
 
 from __future__ import annotations

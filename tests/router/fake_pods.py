@@ -29,14 +29,14 @@ from pdserve.v1 import (
     sampling_pb2,
 )
 from router.admission.admission import RouterAdmission
+from router.completion.migration import RetryBudget
+from router.completion.request_lifecycle import RequestLifecycle
+from router.completion.run_context import RunContext
 from router.config import RouterConfig
-from router.migration import RetryBudget
 from router.model_info import ModelInfo
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView
 from router.pods.routing_policy import RoutingPolicy
-from router.request_lifecycle import RequestLifecycle
-from router.run_context import RunContext
 from router.server import GenerationServicer
 from router.tokenizer.tokenizer_pool import TokenizerPool
 

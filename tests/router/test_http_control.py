@@ -10,8 +10,8 @@ import pytest
 
 from common.pod_registry import PodInfo
 from pdserve.v1 import generation_pb2
+from router.completion.running_requests import RunningRequests
 from router.model_info import ModelInfo
-from router.running_requests import RunningRequests
 from router.server import GenerationServicer
 from router.server_status import ServerStatus
 

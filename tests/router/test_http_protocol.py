@@ -9,11 +9,11 @@ import pytest
 from common.auth import PermissionDeniedError, UnauthenticatedError
 from common.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from common.sampling_params import SamplingParams
+from router.completion.request_lifecycle import GenerateInput
+from router.completion.running_requests import AbortResult, RunningRequests
 from router.http.errors import http_error
 from router.http.protocol import CompletionBodies, chat_input, completion_input, sampling_params
 from router.outputs import CompletionChunk, Usage
-from router.request_lifecycle import GenerateInput
-from router.running_requests import AbortResult, RunningRequests
 from router.tokenizer.tokenizer_pool import ChatMessage
 
 

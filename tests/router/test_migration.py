@@ -7,7 +7,7 @@ import random
 import pytest
 
 from common.sampling_params import SamplingParams
-from router.migration import BACKOFF_BASE_S, BACKOFF_MAX_S, LegInput, RetryBudget, backoff_s, next_leg
+from router.completion.migration import BACKOFF_BASE_S, BACKOFF_MAX_S, LegInput, RetryBudget, backoff_s, next_leg
 
 
 class _Clock:

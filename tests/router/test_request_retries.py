@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.grpc.errors import retry_delay_s
 from pdserve.v1 import sampling_pb2
-from router.migration import BACKOFF_MAX_S, RetryBudget
+from router.completion.migration import BACKOFF_MAX_S, RetryBudget
 from router.model_info import ModelInfo
 from router.tokenizer.tokenizer_pool import TokenizerPool
 from tests.router.fake_pods import WAIT_S, FakeDecode, FakePrefill, decode_steps, router_over

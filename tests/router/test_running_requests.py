@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.running_requests import AbortResult, RunningRequests
+from router.completion.running_requests import AbortResult, RunningRequests
 
 pytestmark = pytest.mark.anyio
 

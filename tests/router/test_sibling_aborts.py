@@ -17,9 +17,9 @@ import pytest
 from common.auth import AuthInterceptor, TokenAuthenticator, bearer_metadata
 from common.grpc.errors import ErrorInterceptor
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
+from router.completion.running_requests import AbortResult, RunningRequests, merge_aborts
 from router.processes.router_process import RouterProcess
 from router.processes.sibling_aborts import FORWARDED_KEY, SiblingAborts
-from router.running_requests import AbortResult, RunningRequests, merge_aborts
 from router.server import GenerationServicer
 from router.server_status import ServerStatus
 

@@ -1,9 +1,10 @@
 """One Generate call end to end: admission's first check, validate, tokenize, wait for room in the router's queue, hash,
 look up the prefix directory (when more than one live prefill pod is there to choose from), then run its n
-completions (`router.completion_run`) and merge them into one stream. Admission (`router.admission.admission`) refuses
-at once before anything else (draining, the client's streams, a full queue, a predicted wait too long), and sends the
-call on once there is room; its first chunk and its end free that room. Input limits are checked before tokenizing
-(`router.input_checks`): ids, n and stop strings, the prompt's bytes; its tokens after.
+completions (`router.completion.completion_run`) and merge them into one stream. Admission
+(`router.admission.admission`) refuses at once before anything else (draining, the client's streams, a full queue, a
+predicted wait too long), and sends the call on once there is room; its first chunk and its end free that room. Input
+limits are checked before tokenizing (`router.completion.input_checks`): ids, n and stop strings, the prompt's bytes;
+its tokens after.
 
 The completions of a call share the prompt, its block hashes and the directory's answer; each is
 routed and retried on its own, and completion i with a seed uses seed + i (as vLLM does; wrapped into
@@ -39,13 +40,13 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
-from router.completion_run import CompletionRun
+from router.completion.completion_run import CompletionRun
+from router.completion.input_checks import InputChecks
+from router.completion.run_context import PromptPlan, RunContext
+from router.completion.running_requests import RunningRequests
 from router.config import RouterConfig
-from router.input_checks import InputChecks
 from router.model_info import ModelInfo
 from router.outputs import CompletionChunk, Usage
-from router.run_context import PromptPlan, RunContext
-from router.running_requests import RunningRequests
 from router.tokenizer.tokenizer_pool import ChatMessage, TokenizerPool
 
 

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from common.metrics import ServiceMetrics
 from common.telemetry import Tracing
 from router.admission.admission import RouterAdmission
-from router.migration import RetryBudget
+from router.completion.migration import RetryBudget
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView
 from router.pods.routing_policy import RoutingPolicy
@@ -36,7 +36,7 @@ class RunContext:
     tracing: Tracing = field(default_factory=lambda: Tracing(trace.NoOpTracer()))
     metrics: ServiceMetrics = field(default_factory=lambda: ServiceMetrics("router"))
     retry_budget: RetryBudget = field(default_factory=lambda: RetryBudget(rate_per_s=10.0, burst=100))
-    """Retries left to the whole router (see router.migration)."""
+    """Retries left to the whole router (see router.completion.migration)."""
     rng: random.Random = field(default_factory=random.Random)
     """Jitter of the backoff between attempts."""
 

@@ -1,13 +1,13 @@
 """One completion of a Generate call, from picking pods to its last token, across as many legs as it takes.
 
-1. Pick a prefill and a decode pod and open a leg on them (`router.completion_leg`: Reserve + Prefill up to the
-   first token). Its first token goes to the client at once; if it already ends the completion (the pod says so,
+1. Pick a prefill and a decode pod and open a leg on them (`router.completion.completion_leg`: Reserve + Prefill up to
+   the first token). Its first token goes to the client at once; if it already ends the completion (the pod says so,
    the leg's max_tokens is 1, or a stop string matched), the leg is closed (its reservation Released); done.
 2. Otherwise the leg decodes: each step is detokenized and streamed; a stop string match closes the leg (the
    Decode call is cancelled). The last chunk carries finish reason, stop reason and metrics.
 3. A leg that fails (`LegFailed`: a pod died, reset the connection, lost the lease, or ended the stream unfinished)
    marks the pod it blames suspect (`PodView.report_unavailable`) and skips it for this completion; after a
-   backoff, the completion goes on with a new leg (`router.migration.next_leg`): the prompt plus every token
+   backoff, the completion goes on with a new leg (`router.completion.migration.next_leg`): the prompt plus every token
    emitted so far is the new prompt and max_tokens shrinks by them. The client sees one stream: the emitted token
    ids and the detokenizer carry over, so no token is repeated or lost. `max_attempts` failed legs, or an empty
    router-wide retry budget, end the completion UNAVAILABLE with a RetryInfo.
@@ -41,11 +41,11 @@ from common.telemetry import (
     PDSERVE_ROUTE_ATTEMPT,
 )
 from router.admission.wait_queue import WaitTimedOut
-from router.completion_leg import CompletionLeg, DecodePodFull, LegFailed
-from router.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
+from router.completion.completion_leg import CompletionLeg, DecodePodFull, LegFailed
+from router.completion.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
+from router.completion.run_context import PromptPlan, RunContext
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
 from router.pods.routing_policy import pairable_prefill_pods, paired_decode_pods
-from router.run_context import PromptPlan, RunContext
 
 logger = logging.getLogger(__name__)
 

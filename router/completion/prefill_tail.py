@@ -1,9 +1,9 @@
 """The tail of a Prefill stream, read beside the decode it feeds.
 
 After the first token, a Prefill stream has one message left: TransferDone, once the decode pod holds the whole
-prompt KV. The router reads it in a task while it streams the decode steps (`router.completion_leg`); if the transfer
-fails instead, the decode pod would wait for blocks that never come, so the leg fails its decode with the transfer's
-error.
+prompt KV. The router reads it in a task while it streams the decode steps (`router.completion.completion_leg`); if the
+transfer fails instead, the decode pod would wait for blocks that never come, so the leg fails its decode with the
+transfer's error.
 """
 
 from __future__ import annotations

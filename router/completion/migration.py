@@ -1,7 +1,7 @@
 """Planning a completion's next leg after a failed one, and the budgets that bound how often that happens.
 
-A leg is one Reserve + Prefill + Decode on a pair of pods (`router.completion_leg`). When a leg fails after tokens
-were streamed, the completion goes on with another leg on another pair:
+A leg is one Reserve + Prefill + Decode on a pair of pods (`router.completion.completion_leg`). When a leg fails after
+tokens were streamed, the completion goes on with another leg on another pair:
 1. the prompt plus the emitted tokens is the next leg's prompt (the prefill pod's prefix cache holds most of it);
 2. max_tokens shrinks by what was emitted, so the completion still ends where it would have;
 3. sampling randomness is a function of (seed, position) (`engine.sampler`), so a seeded completion samples on the

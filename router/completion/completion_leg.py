@@ -28,12 +28,12 @@ from collections.abc import AsyncGenerator, Iterator
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodInfo
 from kv_transfer.target import KVTarget
-from router.migration import LegInput
+from router.completion.migration import LegInput
+from router.completion.prefill_tail import cancel_and_wait, result_within, transfer_done
+from router.completion.run_context import PromptPlan, RunContext
 from router.outputs import DecodeStep, FirstToken, TransferDone
 from router.pods.decode_stream import DecodeCollector
 from router.pods.pod_errors import PodCallFailed
-from router.prefill_tail import cancel_and_wait, result_within, transfer_done
-from router.run_context import PromptPlan, RunContext
 
 logger = logging.getLogger(__name__)
 
