@@ -74,8 +74,12 @@ class TokenizerWorker:
         try:
             data = pickle.dumps((request_id, op, arg), protocol=pickle.HIGHEST_PROTOCOL)
             sent_at = time.perf_counter()
-            self._writer.write(_HEADER.pack(len(data)) + data)
-            await self._writer.drain()
+            try:
+                self._writer.write(_HEADER.pack(len(data)) + data)
+                await self._writer.drain()
+            except ConnectionError as exc:
+                # NOTE: the worker died and its reader has not seen the end of the pipe yet.
+                raise UnavailableError("tokenizer worker died; retry") from exc
             status, value, previous_reply_at = await future
         finally:
             self._pending.pop(request_id, None)
