@@ -255,10 +255,13 @@ wait_healthy() {  # wait_healthy TIMEOUT_S NAME...: every NAME healthy
     echo "$name healthy at +$(elapsed "$T0")s"
   done
 }
-# The registry, as the router's container sees it (the password stays out of the log).
+# The registry, as the router's container sees it (the password stays out of the log). NOTE: a generous timeout:
+# podman's DNS (aardvark) reloads when a container joins the network, and a lookup of `redis` right after the
+# autoscaler's start took longer than pdserve status's default 2 s (2 of 4 runs, 2026-11-27).
+STATUS=(pdserve status --timeout-s 15)
 pod_status() {
-  echo "\$ podman exec ${routers[0]} pdserve status --redis-url redis://:***@redis:6379/0"
-  podman exec "${routers[0]}" pdserve status --redis-url "redis://:$REDIS_PASSWORD@redis:6379/0"
+  echo "\$ podman exec ${routers[0]} ${STATUS[*]} --redis-url redis://:***@redis:6379/0"
+  podman exec "${routers[0]}" "${STATUS[@]}" --redis-url "redis://:$REDIS_PASSWORD@redis:6379/0"
 }
 # Finished requests a decode container has counted (its /metrics on 9100, read from inside it).
 served_by() {
@@ -291,7 +294,7 @@ printf '%s\n' "$out"
 # ---------------------------------------------------------------------------------------------------------------
 step "7. the autoscaler scales decode to 2: the router uses the new pod within 5 s"
 registered() {  # registered ROLE: the pod ids of that role in the registry
-  podman exec "${routers[0]}" pdserve status --json --redis-url "redis://:$REDIS_PASSWORD@redis:6379/0" |
+  podman exec "${routers[0]}" "${STATUS[@]}" --json --redis-url "redis://:$REDIS_PASSWORD@redis:6379/0" |
     python3 -c 'import json, sys; print(" ".join(p["pod_id"] for p in json.load(sys.stdin)["pods"] if p["role"] == sys.argv[1]))' "$1"
 }
 read -ra old_ids <<<"$(registered decode)"
