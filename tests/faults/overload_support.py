@@ -10,10 +10,10 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
+from bench.online.process_cpu import CpuSnapshot
 from cli.cluster import LocalCluster
 from client.generation_client import build_request
 from common.child_process import die_with_parent
@@ -98,14 +98,11 @@ class _TimedCall:
 
 
 def cpu_s(cluster: LocalCluster) -> float:
-    """CPU seconds the router and the pods (every thread of each process) have used so far."""
+    """CPU seconds the router and the pods have used so far, each with its live descendants (the pods' engine
+    cores, the router's tokenizer workers and processes): every thread of each."""
     processes = [*cluster.pods.values(), *([cluster.router] if cluster.router is not None else [])]
-    ticks = 0
-    for process in processes:
-        # NOTE: fields after the command's ")": state is the 1st, utime and stime the 12th and 13th.
-        fields = Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    snapshot = CpuSnapshot.take()
+    return sum(snapshot.tree(process.pid) for process in processes)
 
 
 @dataclass(slots=True, frozen=True)
