@@ -51,11 +51,6 @@ class CpuSnapshot:
         return sum(self.cpu_s.get(p, 0.0) for p in tree)
 
 
-def process_tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` and its live descendants (Linux /proc)."""
-    return CpuSnapshot.take().tree(pid)
-
-
 def pod_cpu_ms_per_request(
     before: CpuSnapshot, after: CpuSnapshot, pod_pids: Mapping[str, int], num_requests: int
 ) -> dict[str, dict[str, float]]:

@@ -21,7 +21,7 @@ import pytest
 from bench.online.arrivals import parse_rates, poisson_arrivals
 from bench.online.cli import WORKLOADS, add_arguments, run, with_defaults
 from bench.online.cluster_target import model_choice, serving, write_synthetic_tokenizer
-from bench.online.process_cpu import process_tree_cpu_s
+from bench.online.process_cpu import CpuSnapshot
 from bench.online.router_overhead import ClientJob, split_job
 from bench.reporting.stats import RequestTiming, max_rate_meeting, slo_attainment
 from bench.workloads import RequestSpec, mixed_requests, shared_prefix_requests
@@ -103,7 +103,7 @@ def test_client_jobs_split_requests_and_concurrency() -> None:
     assert [[s.prompt_token_ids[0] for s in p.specs] for p in parts] == [[0, 2, 4], [1, 3]]
     assert [p.concurrency for p in parts] == [2, 1] and [p.id_prefix for p in parts] == ["x-p0", "x-p1"]
     assert split_job(replace(job, concurrency=1), 4) == [replace(job, concurrency=1, id_prefix="x-p0")]
-    assert process_tree_cpu_s(os.getpid()) > 0
+    assert CpuSnapshot.take().tree(os.getpid()) > 0
 
 
 @pytest.fixture(scope="module")
