@@ -57,9 +57,15 @@ def test_tiny_models_match_transformers(
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks
 
 
+# The real model's prompts: 8 of the 16 (1 to 300 tokens, block edges 16/17 and 64/65, three sharing the 64-token
+# prefix); the tiny models run all 16. transformers' generate on the real model is the suite's heaviest set-up.
+SMOLLM2_PROMPTS = (0, 3, 4, 7, 8, 9, 13, 15)
+
+
 @pytest.fixture(scope="module")
 def smollm2_case(smollm2_path: Path) -> tuple[Path, list[list[int]], list[list[int]]]:
-    prompts = make_prompts(vocab_size=49152, seed=1)
+    every = make_prompts(vocab_size=49152, seed=1)
+    prompts = [every[i] for i in SMOLLM2_PROMPTS]
     return smollm2_path, prompts, hf_greedy(smollm2_path, prompts, NEW_TOKENS)
 
 
