@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Sequence
 
 from autoscaler.config import AutoscalerConfig, ComposeConfig
 from common.config import add_config_args, config_from_args
@@ -45,15 +47,21 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--autoscale",
         action="store_true",
-        help="run the autoscaler (local connector) beside the "
-        "cluster: it adds and drains pods between the --min/--max bounds",
+        help="run the autoscaler (local connector) beside the cluster: it adds and drains pods between the --min/--max "
+        "bounds; with --gpus, one pod per GPU (--max-total-pods defaults to their number) and GPUs move between roles",
     )
     add_config_args(up, AutoscalerConfig)
 
 
-def autoscaler_config(args: argparse.Namespace) -> AutoscalerConfig | None:
-    """`pdserve up`: the autoscaler's settings with --autoscale, else None; raises ConfigValueError."""
-    return config_from_args(AutoscalerConfig, args) if args.autoscale else None
+def autoscaler_config(args: argparse.Namespace, gpus: Sequence[str] = ()) -> AutoscalerConfig | None:
+    """`pdserve up`: the autoscaler's settings with --autoscale, else None; raises ConfigValueError. On `gpus`
+    (enough for each role's min) --max-total-pods defaults to one pod per GPU."""
+    if not args.autoscale:
+        return None
+    config = config_from_args(AutoscalerConfig, args)
+    if config.max_total_pods or len(gpus) < config.min_prefill + config.min_decode:
+        return config
+    return dataclasses.replace(config, max_total_pods=len(gpus))
 
 
 def _autoscale(args: argparse.Namespace, extra: list[str]) -> int:

@@ -58,6 +58,23 @@ class AutoscalerConfig:
     decode_requests_low: float = field(
         default=64.0, metadata=doc("decode: requests (running + waiting) per pod to scale in")
     )
+    decode_tpot_slo_ms: float = field(
+        default=0.0,
+        metadata=doc("decode: the TPOT SLO (ms) the pods' time per step is held against; 0: that measure is off"),
+    )
+    decode_tpot_high: float = field(
+        default=0.8, metadata=doc("decode: time per step as a fraction of decode_tpot_slo_ms to scale out")
+    )
+    decode_tpot_low: float = field(
+        default=0.4, metadata=doc("decode: time per step as a fraction of decode_tpot_slo_ms to scale in")
+    )
+    max_total_pods: int = field(
+        default=0,
+        metadata=doc(
+            "most pods of both roles together (a fixed set of GPUs, one pod each): a role over a high threshold with"
+            " none free takes a GPU from the other role when that one can spare a pod; 0: no limit"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for role in ("prefill", "decode"):
@@ -74,9 +91,17 @@ class AutoscalerConfig:
             ("prefill_queue_low_s", "prefill_queue_high_s"),
             ("decode_kv_low", "decode_kv_high"),
             ("decode_requests_low", "decode_requests_high"),
+            ("decode_tpot_low", "decode_tpot_high"),
         ):
             _check_watermarks(self, low_name, high_name)
         _require(self.decode_kv_high <= 1, "decode_kv_high", f"must be <= 1, got {self.decode_kv_high}")
+        _require(self.decode_tpot_slo_ms >= 0, "decode_tpot_slo_ms", f"must be >= 0, got {self.decode_tpot_slo_ms}")
+        least = self.min_prefill + self.min_decode
+        _require(
+            self.max_total_pods == 0 or self.max_total_pods >= least,
+            "max_total_pods",
+            f"must be 0 (no limit) or >= min_prefill + min_decode ({least}), got {self.max_total_pods}",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,17 @@ class PodPool(Protocol):
 
     def drain_pod(self, pod_id: str) -> object: ...
 
+    def wait_for_free_gpu(self, timeout_s: float) -> bool: ...
+
 
 class LocalConnector:
-    """Adds and drains pods of a running `LocalCluster`; one pod start at a time."""
+    """Adds and drains pods of a running `LocalCluster`; one pod start at a time. A pod start first waits up to
+    `gpu_wait_s` for the GPU of a pod that drains to free (on a fixed set of GPUs the planner gives one role's GPU
+    to the other), then starts the pod anyway, sharing a GPU (logged)."""
 
-    def __init__(self, cluster: PodPool) -> None:
+    def __init__(self, cluster: PodPool, gpu_wait_s: float = 60.0) -> None:
         self._cluster = cluster
+        self._gpu_wait_s = gpu_wait_s
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="pdserve-autoscaler-add")
         self._lock = threading.Lock()
         self._starting: dict[PodRole, Future[str]] = {}
@@ -66,6 +71,8 @@ class LocalConnector:
         self._starter.shutdown(wait=False, cancel_futures=True)
 
     def _add(self, role: PodRole) -> str:
+        if not self._cluster.wait_for_free_gpu(self._gpu_wait_s):
+            logger.warning("autoscaler: no GPU freed within %g s; the new %s pod shares one", self._gpu_wait_s, role)
         try:
             pod_id = self._cluster.add_pod(role)
         except Exception:

@@ -15,11 +15,18 @@ Each role is decided alone, by the first of these rules that applies:
 Every change is one step (+1 or -1 pod) per call, and the driver calls once per `autoscale_interval_s`. A change
 restarts the scale-in window, which stays stopped while the change is pending.
 
+A fixed set of GPUs (`max_total_pods`, one pod per GPU): every registered pod holds a GPU (a draining one until it
+deregisters), and so does a pod asked for and not yet registered. Prefill is decided first; a role whose rule 3
+wants a pod when no GPU is free holds instead, and the other role, if it holds too, gives up one of its pods when it
+can spare it: above its min, over no high threshold, and passing the N-1 check. The drained pod's GPU goes to the
+first role, whose load still asks for it, once the pod is gone.
+
 The load measures and their thresholds: autoscaler/signals.py and autoscaler/config.py.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,18 +79,45 @@ class _RolePlanner:
         self._config = config
         self._awaited: _Awaited | None = None
         self._low_since_s: float | None = None
+        self.wants_gpu = False
+        """Whether the last decision held only because no GPU was free."""
 
-    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+    def starting(self, snapshot: ClusterSnapshot) -> int:
+        """Pods asked for and not yet registered (each will hold a GPU)."""
+        awaited = self._awaited
+        return 0 if awaited is None else max(0, awaited.desired - len(snapshot.active(self.role)))
+
+    def decide(self, snapshot: ClusterSnapshot, gpu_free: bool = True) -> Decision:
         pods = snapshot.active(self.role)
+        self.wants_gpu = False
         pending = self._pending(snapshot, len(pods))
         if pending is not None:
             self._low_since_s = None
             return self._hold(len(pods), pending)
         decision = self._plan(snapshot.now_s, pods)
+        if decision.direction == "up" and not gpu_free:
+            self.wants_gpu = True
+            return self._hold(decision.current, f"no GPU free: {decision.reason}")
         if decision.direction != "hold":
-            self._awaited = _Awaited(decision.desired, snapshot.now_s)
-            self._low_since_s = None
+            self._changed(decision, snapshot.now_s)
         return decision
+
+    def spare_one(self, snapshot: ClusterSnapshot, taker: PodRole) -> Decision | None:
+        """Down by one pod whose GPU goes to `taker`, if this role can spare it (see the module docstring)."""
+        pods = snapshot.active(self.role)
+        if self._pending(snapshot, len(pods)) is not None or len(pods) <= self._min:
+            return None
+        signals = role_signals(self.role, pods, self._config)
+        if any(s.over_high() or not s.fits_without_one() for s in signals):
+            return None
+        load = "; ".join(s.describe() for s in signals)
+        decision = self._step(len(pods), -1, f"gives its GPU to {taker}; N-1 fits: {load}")
+        self._changed(decision, snapshot.now_s)
+        return decision
+
+    def _changed(self, decision: Decision, now_s: float) -> None:
+        self._awaited = _Awaited(decision.desired, now_s)
+        self._low_since_s = None
 
     def _pending(self, snapshot: ClusterSnapshot, current: int) -> str | None:
         """Why the previous change still counts as pending (rule 1); None when it does not, or there is none."""
@@ -143,9 +177,26 @@ class Planner:
     """
 
     def __init__(self, config: AutoscalerConfig) -> None:
+        self._max_total = config.max_total_pods
         self._prefill = _RolePlanner("prefill", config.min_prefill, config.max_prefill, config)
         self._decode = _RolePlanner("decode", config.min_decode, config.max_decode, config)
 
     def decide(self, snapshot: ClusterSnapshot) -> tuple[Decision, Decision]:
-        """(prefill, decode): each role's decision on `snapshot`, taken independently of the other's."""
-        return self._prefill.decide(snapshot), self._decode.decide(snapshot)
+        """(prefill, decode): each role's decision on `snapshot`, taken independently of the other's but for the
+        GPUs of `max_total_pods` (see the module docstring)."""
+        free = self._free_gpus(snapshot)
+        prefill = self._prefill.decide(snapshot, free > 0)
+        free -= prefill.direction == "up"
+        decode = self._decode.decide(snapshot, free > 0)
+        if self._prefill.wants_gpu and decode.direction == "hold":
+            decode = self._decode.spare_one(snapshot, "prefill") or decode
+        elif self._decode.wants_gpu and prefill.direction == "hold":
+            prefill = self._prefill.spare_one(snapshot, "decode") or prefill
+        return prefill, decode
+
+    def _free_gpus(self, snapshot: ClusterSnapshot) -> float:
+        """GPUs no pod holds: registered pods (draining ones too) and pods asked for hold one each."""
+        if not self._max_total:
+            return math.inf
+        starting = self._prefill.starting(snapshot) + self._decode.starting(snapshot)
+        return self._max_total - len(snapshot.pods) - starting

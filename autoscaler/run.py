@@ -73,7 +73,7 @@ def _connector_factory(args: argparse.Namespace) -> ConnectorFactory:
 
 def start_for_cluster(config: AutoscalerConfig, cluster: LocalCluster) -> tuple[Autoscaler, str | None]:
     """Start the autoscaler of `pdserve up --autoscale` on its thread; it and its /metrics URL (None: off)."""
-    autoscaler = Autoscaler(config, cluster.redis_url, lambda _: LocalConnector(cluster))
+    autoscaler = Autoscaler(config, cluster.redis_url, lambda _: LocalConnector(cluster, cluster.config.stop_timeout_s))
     url = None
     base = cluster.config.metrics_port
     if base is not None:

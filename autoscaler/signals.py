@@ -3,7 +3,9 @@ threshold.
 
 - prefill: waiting requests per pod (always); seconds of queued uncached prompt tokens per pod at
   `prefill_tokens_per_s` (only when every active prefill pod reports `queued_prompt_tokens`).
-- decode: fraction of KV blocks in use over all active pods; requests (running + waiting) per pod.
+- decode: fraction of KV blocks in use over all active pods; requests (running + waiting) per pod; with
+  `decode_tpot_slo_ms`, the pods' mean time per step as a fraction of that SLO (its N-1 value assumes the lost pod's
+  share of the batch lengthens the others' steps in proportion).
 """
 
 from __future__ import annotations
@@ -96,4 +98,13 @@ def _decode_signals(pods: tuple[PodSnapshot, ...], config: AutoscalerConfig) -> 
         config.decode_requests_high,
         config.decode_requests_low,
     )
-    return (kv, requests)
+    if not config.decode_tpot_slo_ms:
+        return (kv, requests)
+    step = Signal(
+        "time per step / TPOT SLO",
+        sum(p.step_ms for p in pods) / config.decode_tpot_slo_ms,
+        (1.0,) * len(pods),
+        config.decode_tpot_high,
+        config.decode_tpot_low,
+    )
+    return (kv, requests, step)

@@ -12,7 +12,7 @@ from common.pod_registry import PodInfo, PodRole
 
 @dataclass(slots=True, frozen=True)
 class PodSnapshot:
-    """One pod's load at the last heartbeat (the fields of `PodInfo`), plus the prompt tokens it has queued."""
+    """One pod's load at the last heartbeat (the fields of `PodInfo`)."""
 
     role: PodRole
     pod_id: str
@@ -22,19 +22,28 @@ class PodSnapshot:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     queued_prompt_tokens: int | None = None
-    """Prefill: uncached prompt tokens of the waiting requests; None where the pod does not report them."""
+    """Prefill: prompt tokens not yet computed; None where the pod does not report them."""
+    step_ms: float = 0.0
+    """Decode: the engine's time per step (per output token) while requests run; 0 when idle or not reported."""
 
     def __post_init__(self) -> None:
         if self.role not in get_args(PodRole):
             raise InvalidArgumentError("role", f"must be one of {get_args(PodRole)}, got {self.role!r}")
-        for name in ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "queued_prompt_tokens"):
+        for name in (
+            "num_running",
+            "num_waiting",
+            "num_free_blocks",
+            "num_total_blocks",
+            "queued_prompt_tokens",
+            "step_ms",
+        ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise InvalidArgumentError(name, f"must be >= 0, got {value}")
 
     @classmethod
-    def from_pod_info(cls, info: PodInfo, queued_prompt_tokens: int | None = None) -> PodSnapshot:
-        """The snapshot of a registry entry (which carries no queued prompt tokens: pass them if known)."""
+    def from_pod_info(cls, info: PodInfo) -> PodSnapshot:
+        """The snapshot of a registry entry."""
         return cls(
             role=info.role,
             pod_id=info.pod_id,
@@ -43,7 +52,8 @@ class PodSnapshot:
             num_waiting=info.num_waiting,
             num_free_blocks=info.num_free_blocks,
             num_total_blocks=info.num_total_blocks,
-            queued_prompt_tokens=queued_prompt_tokens,
+            queued_prompt_tokens=info.queued_prompt_tokens,
+            step_ms=info.step_ms,
         )
 
     @property

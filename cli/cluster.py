@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from cli.child_env import ChildEnvironment
 from cli.cluster_config import METRICS_PORT_OFFSETS, ClusterConfig, Role
 from cli.cluster_startup import list_pods, wait_serving
+from cli.gpu_slots import GpuSlots
 from cli.ports import connect_host, free_port
 from cli.redis_server import RedisServer
 from cli.service_process import LOG_TAIL_LINES, ClusterError, ServiceProcess
@@ -39,6 +40,7 @@ from common.config import env_name
 from common.pod_registry import PodInfo, PodRole
 
 logger = logging.getLogger(__name__)
+_GPU_POLL_S = 0.2
 
 T = TypeVar("T")
 
@@ -63,8 +65,7 @@ class LocalCluster:
         """Pods `drain_pod` sent SIGTERM that have not exited yet (no longer in `pods`)."""
         self._stopped = False
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
-        self._num_pods_spawned = 0
-        """Pods started so far, both roles: the next pod's index in the GPU layout (`ClusterConfig.pod_gpu`)."""
+        self._gpus = GpuSlots(config)
         self._router_port = config.port or free_port()
         self._env = ChildEnvironment({**config.env, **self._secure_env()}, config.num_prefill + config.num_decode)
 
@@ -116,6 +117,7 @@ class LocalCluster:
             self._stop_processes([pod])
             # NOTE: a `stop()` from another thread meanwhile already took it out of `pods`.
             self.pods.pop(pod.name, None)
+            self._gpus.release(pod.name)
             raise
         return pod.name
 
@@ -132,7 +134,20 @@ class LocalCluster:
         exited = {name: code for name, p in list(self.draining.items()) if (code := p.returncode) is not None}
         for name in exited:
             del self.draining[name]
+            self._gpus.release(name)
         return exited
+
+    def wait_for_free_gpu(self, timeout_s: float) -> bool:
+        """Wait (up to `timeout_s`) until a GPU that only draining pods hold is free, if there is one; whether the
+        next pod's GPU (`ClusterConfig.next_gpu`) is then one no live pod holds. True without `gpus`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.reap_drained()
+            if self._gpus.next_is_free([*self.pods, *self.draining]):
+                return True
+            if not self.draining or time.monotonic() >= deadline:
+                return False
+            time.sleep(_GPU_POLL_S)
 
     def stop_pod(self, pod: str | int, sig: signal.Signals = signal.SIGTERM, wait: bool = True) -> ServiceProcess:
         """Send `sig` to a pod (by id, or index into `pod_ids`) and drop it from `pods`; with `wait`, reap it
@@ -142,6 +157,7 @@ class LocalCluster:
         process.send_signal(sig)
         if wait:
             process.wait_or_kill(self.config.stop_timeout_s)
+            self._gpus.release(pod_id)
         return process
 
     @property
@@ -234,8 +250,7 @@ class LocalCluster:
             self.config.kv_transfer_backend,
         ]
         user_args = [*self.config.pod_args, *extra_args]
-        devices = self.config.pod_visible_devices(self._num_pods_spawned)
-        self._num_pods_spawned += 1
+        devices = self._gpus.take(pod_id, [*self.pods, *self.draining])
         process = self._spawn(pod_id, role, port, args, user_args, first=self._next_index[role] == 1, devices=devices)
         self.pods[pod_id] = process
         return process

@@ -5,9 +5,10 @@ first prefill pod on `metrics_port + 1`, the first decode pod on `metrics_port +
 ports (all on free ports with `metrics_port=0`; none with None); `otlp_endpoint` goes to every process.
 
 GPUs (`pdserve up --gpus`): the pods are spread over `gpus` through each pod process's CUDA_VISIBLE_DEVICES. The
-rule: the pods in start order (the prefill pods, then the decode pods, then any pod added later) take the GPUs
-round-robin: pod k gets `gpus[k % len(gpus)]`, which its CUDA_VISIBLE_DEVICES lists first (its `cuda:0`, where the
-engine runs), followed by the others in turn (`--gpus 0,1`: prefill-0 gets "0,1", decode-0 "1,0"). NOTE: the other
+rule: the pods in start order (the prefill pods, then the decode pods, then any pod added later) each take the GPU
+that the fewest live pods hold (a draining pod holds its GPU until it exits), the first of equals: round-robin while
+no pod leaves. A pod's CUDA_VISIBLE_DEVICES lists its GPU first (its `cuda:0`, where the engine runs), followed by
+the others in turn (`--gpus 0,1`: prefill-0 gets "0,1", decode-0 "1,0"). NOTE: the other
 GPUs stay visible because the cuda_ipc backend maps the prefill pool of a pod on another GPU (peer access), which
 CUDA allows only for a visible device. So with at least as many GPUs as pods each pod has a GPU of
 its own (1 prefill + 1 decode on 0,1: prefill-0 on 0, decode-0 on 1), and with fewer the pods share them evenly
@@ -21,7 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -103,21 +104,27 @@ class ClusterConfig:
             raise InvalidArgumentError("metrics_port", f"must be in [0, 65533], got {self.metrics_port}")
         _check_gpu_ids(self.gpus)
 
-    def pod_gpu(self, pod_index: int) -> str | None:
-        """The GPU of the pod started `pod_index`-th (0-based, over both roles); None without `gpus`."""
-        return self.gpus[pod_index % len(self.gpus)] if self.gpus else None
-
-    def pod_visible_devices(self, pod_index: int) -> str | None:
-        """The CUDA_VISIBLE_DEVICES of the pod started `pod_index`-th: its GPU first, then the others in turn."""
+    def next_gpu(self, taken: Sequence[int]) -> int | None:
+        """Index into `gpus` of the next pod's GPU: the one fewest live pods hold (`taken`: the GPU index of each),
+        the first of equals; None without `gpus`. While no pod leaves this is round-robin."""
         if not self.gpus:
             return None
-        first = pod_index % len(self.gpus)
-        return ",".join(self.gpus[first:] + self.gpus[:first])
+        return min(range(len(self.gpus)), key=lambda index: (taken.count(index), index))
+
+    def visible_devices(self, gpu: int) -> str:
+        """The CUDA_VISIBLE_DEVICES of a pod on `gpus[gpu]`: that GPU first, then the others in turn."""
+        return ",".join(self.gpus[gpu:] + self.gpus[:gpu])
 
     def gpu_layout(self) -> dict[str, str]:
         """The GPU of each pod `LocalCluster.start` starts, by pod id; empty without `gpus`."""
         pod_ids = [f"prefill-{i}" for i in range(self.num_prefill)] + [f"decode-{i}" for i in range(self.num_decode)]
-        return {pod_id: gpu for index, pod_id in enumerate(pod_ids) if (gpu := self.pod_gpu(index)) is not None}
+        taken: list[int] = []
+        for _ in pod_ids:
+            gpu = self.next_gpu(taken)
+            if gpu is None:
+                return {}
+            taken.append(gpu)
+        return {pod_id: self.gpus[gpu] for pod_id, gpu in zip(pod_ids, taken, strict=True)}
 
 
 _GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")

@@ -96,7 +96,7 @@ def _up(args: argparse.Namespace, pod_args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = _cluster_config(args, pod_args)
-        autoscale_config = autoscale.autoscaler_config(args)
+        autoscale_config = autoscale.autoscaler_config(args, config.gpus)
     except ConfigValueError as exc:
         print(f"pdserve up: {exc}", file=sys.stderr)
         return 2

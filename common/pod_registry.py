@@ -56,6 +56,10 @@ class PodInfo:
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    queued_prompt_tokens: int | None = None
+    """Prefill pods: prompt tokens not yet computed (waiting and running requests); None where not reported."""
+    step_ms: float = 0.0
+    """Moving average of the engine's time per step while requests run (a decode pod's time per output token)."""
     tensor_parallel_size: int = 1
     """Devices each layer of the pod's model is split over; KV moves only between pods of the same sizes."""
     pipeline_parallel_size: int = 1

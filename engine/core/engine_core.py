@@ -33,6 +33,8 @@ from engine.llm_engine import LLMEngine
 from kv_transfer.base import KVReceiver, KVSender
 
 KVSide = DecodeKV | PrefillKV
+_STEP_EMA = 0.2
+"""Weight of the newest step interval in `EngineLoad.step_ms` (about the last ten steps count)."""
 
 
 class EngineCore:
@@ -56,6 +58,9 @@ class EngineCore:
             self.kv = PrefillKV(engine, sender, self._notify)
         self._out = CoreOutputs()
         self.stopped = False
+        self._step_ms = 0.0
+        self._last_step_ns = 0
+        """When the previous turn's step started; 0 when the previous turn ran none."""
 
     @property
     def busy(self) -> bool:
@@ -106,14 +111,27 @@ class EngineCore:
             kv.poll(out)
         if self.engine.has_unfinished_requests():
             out.step_started_ns = time.time_ns()
+            self._time_step(out.step_started_ns)
             out.outputs.extend(self.engine.step())
             if isinstance(kv, PrefillKV):
                 kv.after_step(out)
             else:
                 # NOTE: only prefill pods publish their prefix cache; the events are dropped elsewhere.
                 self.engine.kv_cache_manager.take_events()
+        else:
+            self._last_step_ns = 0
         out.load = self.load()
         return out
+
+    def _time_step(self, started_ns: int) -> None:
+        """Fold the time since the previous turn's step started into the moving average (the first step after an
+        idle turn only starts the clock)."""
+        if self._last_step_ns:
+            interval_ms = (started_ns - self._last_step_ns) / 1e6
+            self._step_ms = (
+                interval_ms if not self._step_ms else (1 - _STEP_EMA) * self._step_ms + _STEP_EMA * interval_ms
+            )
+        self._last_step_ns = started_ns
 
     def load(self) -> EngineLoad:
         engine = self.engine
@@ -129,7 +147,14 @@ class EngineCore:
             spec_draft_tokens=spec.draft_tokens,
             spec_accepted_tokens=spec.accepted_tokens,
             spec_verify_steps=spec.verify_steps,
+            queued_prompt_tokens=self._queued_prompt_tokens() if isinstance(self.kv, PrefillKV) else None,
+            step_ms=self._step_ms if scheduler.num_running else 0.0,
         )
+
+    def _queued_prompt_tokens(self) -> int:
+        scheduler = self.engine.scheduler
+        requests = [*scheduler.waiting, *scheduler.running]
+        return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
 
     def close(self) -> None:
         """Close the KV side (live transfers end ABORTED)."""

@@ -99,6 +99,11 @@ class EngineLoad:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_verify_steps: int = 0
+    queued_prompt_tokens: int | None = None
+    """Prefill cores: prompt tokens not yet computed, over every waiting and running request; None elsewhere."""
+    step_ms: float = 0.0
+    """Moving average of the time between the starts of consecutive steps while requests run (a decode core's
+    time per output token); 0 while none runs."""
 
     @property
     def kv_cache_usage(self) -> float:

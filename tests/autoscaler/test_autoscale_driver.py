@@ -191,10 +191,14 @@ class FakeCluster:
         self.calls.append(("drain_pod", pod_id))
         return self.pods.pop(pod_id)
 
+    def wait_for_free_gpu(self, timeout_s: float) -> bool:
+        self.calls.append(("wait_for_free_gpu", str(timeout_s)))
+        return True
+
 
 def test_the_local_connector_adds_a_pod_in_the_background_and_reports_the_role_pending() -> None:
     cluster = FakeCluster("prefill-0")
-    connector = LocalConnector(cluster)
+    connector = LocalConnector(cluster, gpu_wait_s=7.0)
     connector.scale(up("prefill", 2), [pod("prefill-0")])
     assert connector.pending() == frozenset({"prefill"})
     cluster.adding.set_result("prefill-1")
@@ -202,7 +206,7 @@ def test_the_local_connector_adds_a_pod_in_the_background_and_reports_the_role_p
     while connector.pending() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert connector.pending() == frozenset()
-    assert cluster.calls == [("add_pod", "prefill")]
+    assert cluster.calls == [("wait_for_free_gpu", "7.0"), ("add_pod", "prefill")]
     connector.close()
 
 

@@ -257,6 +257,9 @@ def test_every_decision_is_counted_and_each_change_logged(caplog: pytest.LogCapt
         ({"prefill_waiting_low": 4.0}, "prefill_waiting_high"),
         ({"decode_kv_high": 1.5}, "decode_kv_high"),
         ({"decode_requests_low": -1.0}, "decode_requests_low"),
+        ({"decode_tpot_slo_ms": -1.0}, "decode_tpot_slo_ms"),
+        ({"decode_tpot_low": 0.9}, "decode_tpot_high"),
+        ({"max_total_pods": 1}, "max_total_pods"),
     ],
 )
 def test_config_rejects_bad_values(changes: dict[str, float], field: str) -> None:
@@ -277,7 +280,17 @@ def test_a_snapshot_of_a_registry_entry() -> None:
         num_waiting=3,
         num_free_blocks=4,
         num_total_blocks=10,
+        queued_prompt_tokens=7,
+        step_ms=12.5,
     )
     assert PodSnapshot.from_pod_info(info) == PodSnapshot(
-        "decode", "decode-0", draining=True, num_running=2, num_waiting=3, num_free_blocks=4, num_total_blocks=10
+        "decode",
+        "decode-0",
+        draining=True,
+        num_running=2,
+        num_waiting=3,
+        num_free_blocks=4,
+        num_total_blocks=10,
+        queued_prompt_tokens=7,
+        step_ms=12.5,
     )

@@ -11,6 +11,7 @@ import pytest
 
 from cli.cluster import LocalCluster
 from cli.cluster_config import ClusterConfig, parse_gpus, visible_gpus
+from cli.gpu_slots import GpuSlots
 from cli.main import main
 from cli.service_process import ClusterError
 from common.errors import InvalidArgumentError
@@ -34,11 +35,22 @@ def test_pods_take_the_gpus_round_robin_prefill_first(
     assert config.gpu_layout() == layout
 
 
-def test_pods_added_later_go_on_round_robin() -> None:
+def test_pods_added_later_take_the_least_held_gpu_and_a_drained_pods_gpu_is_free_once_it_exits() -> None:
     config = ClusterConfig(num_prefill=1, num_decode=1, gpus=("0", "1", "2"))
-    assert [config.pod_gpu(index) for index in range(2, 6)] == ["2", "0", "1", "2"]
-    assert [config.pod_visible_devices(index) for index in range(3)] == ["0,1,2", "1,2,0", "2,0,1"]
-    assert ClusterConfig().pod_gpu(5) is None and ClusterConfig().pod_visible_devices(5) is None
+    assert [config.visible_devices(index) for index in range(3)] == ["0,1,2", "1,2,0", "2,0,1"]
+    slots = GpuSlots(config)
+    live = ["prefill-0", "decode-0"]
+    assert [slots.take(pod_id, live) for pod_id in live] == ["0,1,2", "1,2,0"]
+    assert slots.next_is_free(live)
+    live.append("decode-1")
+    assert slots.take("decode-1", live) == "2,0,1"
+    assert not slots.next_is_free(live)  # every GPU holds a pod: the next would share GPU 0
+    # prefill-0 drains: it holds GPU 0 while it lives; once it exited (released), GPU 0 is free again.
+    assert slots.taken(live) == [0, 1, 2]
+    live.remove("prefill-0")
+    slots.release("prefill-0")
+    assert slots.next_is_free(live) and slots.take("decode-2", live) == "0,1,2"
+    assert GpuSlots(ClusterConfig()).take("prefill-0", []) is None and ClusterConfig().next_gpu([]) is None
 
 
 def test_gpu_ids_are_parsed() -> None:
@@ -82,7 +94,7 @@ def test_visible_gpus_come_from_cuda_visible_devices_then_nvidia_smi(
 
 def test_each_pod_process_gets_its_gpu(tmp_path: Path) -> None:
     """Pods that print their CUDA_VISIBLE_DEVICES and exit: each start fails (no SERVING), its log shows its GPU
-    first."""
+    first; a pod that failed to start holds no GPU, so the next one gets the same."""
     show = (
         sys.executable,
         "-c",
@@ -103,6 +115,6 @@ def test_each_pod_process_gets_its_gpu(tmp_path: Path) -> None:
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("prefill-0", "decode-0", "decode-1")}
     assert logs == {
         "prefill-0": "GPU 3,5 PCI_BUS_ID\n",
-        "decode-0": "GPU 5,3 PCI_BUS_ID\n",
+        "decode-0": "GPU 3,5 PCI_BUS_ID\n",
         "decode-1": "GPU 3,5 PCI_BUS_ID\n",
     }

@@ -296,3 +296,51 @@ def test_pdserve_autoscale_kubernetes_publishes_the_target_count_and_exits_on_si
                 raise
         assert process.returncode == 0, output
         assert "autoscaler: prefill up 1 -> 2: waiting requests per pod 9.00 > high 4" in output
+
+
+# NOTE: a soak case (~60 s on 2 cores with its three pods).
+@pytest.mark.soak
+def test_on_a_fixed_set_of_gpus_a_decode_load_takes_the_gpu_of_an_idle_prefill_pod(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """3 GPU ids (pods on a CPU host ignore them) and one pod per GPU: 2 prefill + 1 decode. Under a decode-heavy
+    load the less loaded prefill pod drains and exits, and decode-1 starts on its GPU once it is gone; no request
+    fails."""
+    config = ClusterConfig(
+        num_prefill=2,
+        num_decode=1,
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, "--max-num-seqs", "2"),
+        log_dir=tmp_path,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+        gpus=("0", "1", "2"),
+    )
+    budget = dataclasses.replace(DECODE_HEAVY, max_total_pods=3, scale_down_window_s=60.0)
+    caplog.set_level("INFO", logger="cli.cluster")
+    with LocalCluster(config) as cluster:
+        autoscaler, _ = start_for_cluster(budget, cluster)
+        drained: dict[str, int] = {}
+        try:
+            with GenerationClient(cluster.router_address) as client:
+                load = Load(client, CONCURRENCY, 16, 48)
+                try:
+                    moved = wait_until(lambda: len(active(cluster, "decode")) == 2, 120.0, interval_s=0.2)
+                    drained.update(cluster.reap_drained())
+                finally:
+                    load.stop()
+        finally:
+            autoscaler.stop_thread()
+        assert moved, cluster.pod_infos()
+        kept = active(cluster, "prefill")
+    assert load.failures == [] and load.completed > 0
+    assert len(kept) == 1 and list(drained.values()) == [0] and {*kept, *drained} == {"prefill-0", "prefill-1"}
+    started = [m for m in caplog.messages if m.startswith("started ") and "CUDA_VISIBLE_DEVICES" in m]
+    gpus = {m.split()[1]: m.split("CUDA_VISIBLE_DEVICES=")[1].split(")")[0] for m in started}
+    assert {pod: gpus[pod] for pod in ("prefill-0", "prefill-1", "decode-0")} == {
+        "prefill-0": "0,1,2",
+        "prefill-1": "1,2,0",
+        "decode-0": "2,0,1",
+    }
+    assert gpus["decode-1"] == gpus[next(iter(drained))]

@@ -144,3 +144,21 @@ def test_keepalives_go_out_while_the_engine_is_inside_a_long_step(
         outputs = drive(core, lambda outs: "queued" in _ended(outs))
         assert _ended(outputs) == {"queued": TransferState.DONE}
         assert [(len(src), dst, last) for _, src, dst, last in sender.sends if src] == [(2, [7, 9], True)]
+
+
+def test_the_load_counts_queued_prompt_tokens_and_times_steps(core_model: Path) -> None:
+    with _core(core_model, max_num_seqs=1, long_prefill_token_threshold=16) as (core, sender):
+        assert (core.load().queued_prompt_tokens, core.load().step_ms) == (0, 0.0)
+        _add(core, sender, "long", _prompt(0, 600), tuple(range(100, 138)))
+        _add(core, sender, "short", _prompt(1, 20), (7, 9))
+        assert core.turn().load.queued_prompt_tokens == 620 - 16  # one 16-token chunk of the long prompt computed
+        assert core.turn().load.queued_prompt_tokens == 620 - 32
+        drive(core, lambda outs: len(_ended(outs)) == 2)
+        assert (core.load().queued_prompt_tokens, core.load().step_ms) == (0, 0.0)
+
+
+def test_step_time_is_a_moving_average_of_the_intervals_between_step_starts(core_model: Path) -> None:
+    with _core(core_model) as (core, _):
+        for started_ms, average_ms in ((1000, 0.0), (1010, 10.0), (1030, 12.0), (1031, 9.8)):
+            core._time_step(started_ms * 1_000_000)
+            assert core._step_ms == pytest.approx(average_ms, abs=1e-9)
