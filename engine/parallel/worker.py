@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import pickle
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -28,6 +29,7 @@ from engine.model_runner import ModelRunner, resolve_device
 from engine.parallel.communicator import Communicator
 from engine.parallel.peer_all_reduce import PeerAllReduce
 from engine.parallel.rank import ParallelRank
+from engine.pending_output import PendingOutput
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.pool_io import pool_bytes
 
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for a peer: a worker whose peer died exits after this at the latest (the engine
 sees the death at once through the process sentinel and stops the others)."""
+_POLL_S = 50e-6
+"""While a step runs and no message waits, the output rank looks this often for the step's end."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,16 +102,28 @@ def _device(config: EngineConfig, world_rank: int) -> torch.device:
 
 
 def _serve(runner: ModelRunner, conn: Connection, answers: bool) -> None:
+    """Run each step the engine sends; the output rank (`answers`) returns the steps' outputs in order.
+
+    A step is launched as soon as its message arrives, before the previous step's tokens are read back: with async
+    scheduling the engine sends step N+1 before it waits for step N's tokens, so the device finds N+1 queued behind
+    N, as in an engine that runs its model in its own process. Waiting for N first would leave the device idle
+    for the whole round trip (N's tokens to the engine, N+1's schedule back, its inputs prepared)."""
+    in_flight: deque[PendingOutput] = deque()
     while True:
+        if in_flight and in_flight[0].ready():
+            conn.send_bytes(pickle.dumps(in_flight.popleft().result()))
+            continue
         try:
+            if in_flight and not conn.poll(_POLL_S):
+                continue
             message = conn.recv_bytes()
         except EOFError:
             return
         if not message:
             return
-        output = runner.execute(pickle.loads(message)).result()
+        pending = runner.execute(pickle.loads(message))
         if answers:
-            conn.send_bytes(pickle.dumps(output))
+            in_flight.append(pending)
 
 
 def run_worker(
