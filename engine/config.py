@@ -17,6 +17,7 @@ from engine.spec.config import SpeculativeConfig, SpeculativeFlags
 DEFAULT_MODEL = "smollm2-135m"
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "gptq", "awq")
 KV_CACHE_DTYPES = ("auto", "fp8")
+ALL_REDUCE_BACKENDS = ("auto", "nccl")
 CPU_CHUNK_TOKENS = 256
 """The chunk size on CPU when none is set: one step of 8,192 prompt tokens holds a CPU engine for minutes, and a
 cancel or a deadline takes effect only between steps."""
@@ -187,11 +188,23 @@ class ParallelConfig:
         default=1, metadata=doc("devices each layer is split over (worker processes: NCCL on CUDA, gloo on CPU)")
     )
     pipeline_parallel_size: int = field(default=1, metadata=doc("stages the layers are split into, one per device"))
+    all_reduce: str = field(
+        default="auto",
+        metadata=doc(
+            "TP all-reduce on CUDA: auto (small messages over peer-mapped GPU memory where every TP peer maps the "
+            "others', NCCL for the rest), nccl (always NCCL)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             _require(value > 0, name, f"must be > 0, got {value}")
+        _require(
+            self.all_reduce in ALL_REDUCE_BACKENDS,
+            "all_reduce",
+            f"must be one of {', '.join(ALL_REDUCE_BACKENDS)}, got {self.all_reduce!r}",
+        )
 
     @property
     def world_size(self) -> int:

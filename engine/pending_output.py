@@ -30,6 +30,10 @@ class PendingOutput:
             self._event.record()
         self._sampled = sampled
 
+    def ready(self) -> bool:
+        """Whether `result()` would return without waiting for the device."""
+        return self._event is None or self._event.query()
+
     def result(self) -> RunnerOutput:
         if self._event is not None:
             self._event.synchronize()

@@ -1,8 +1,10 @@
 """The collectives a sharded model runs: all-reduce and all-gather over its TP group, activations sent stage to
 stage, and one MIN over all ranks at start-up. With one rank every operation is the identity.
 
-The backend is torch.distributed's (NCCL on CUDA, gloo on CPU), chosen once by the worker that creates the groups;
-NCCL's all-reduce can be captured in a CUDA graph, so decode graphs hold their collectives.
+The backend is torch.distributed's (NCCL on CUDA, gloo on CPU), chosen once by the worker that creates the groups.
+On CUDA, all-reduces that fit a peer-memory buffer (`PeerAllReduce`: the small messages of decode) skip NCCL where
+every TP peer maps the others' memory; the rest go to NCCL. Both can be captured in a CUDA graph, so decode graphs
+hold their collectives.
 """
 
 from __future__ import annotations
@@ -10,18 +12,28 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from engine.parallel.peer_all_reduce import PeerAllReduce
 from engine.parallel.rank import ParallelRank
 
 
 class Communicator:
-    def __init__(self, rank: ParallelRank, tp_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        rank: ParallelRank,
+        tp_group: dist.ProcessGroup | None = None,
+        peer_all_reduce: PeerAllReduce | None = None,
+    ) -> None:
         self.rank = rank
         self.tp_group = tp_group
+        self.peer_all_reduce = peer_all_reduce
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the TP group, in place."""
-        if self.rank.tp_size > 1:
-            dist.all_reduce(x, group=self.tp_group)
+        if self.rank.tp_size == 1:
+            return x
+        if self.peer_all_reduce is not None and self.peer_all_reduce.fits(x):
+            return self.peer_all_reduce(x)
+        dist.all_reduce(x, group=self.tp_group)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

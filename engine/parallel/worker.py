@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import pickle
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -26,7 +27,9 @@ from common.child_process import die_with_parent
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, resolve_device
 from engine.parallel.communicator import Communicator
+from engine.parallel.peer_all_reduce import PeerAllReduce
 from engine.parallel.rank import ParallelRank
+from engine.pending_output import PendingOutput
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.pool_io import pool_bytes
 
@@ -35,6 +38,8 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for a peer: a worker whose peer died exits after this at the latest (the engine
 sees the death at once through the process sentinel and stops the others)."""
+_POLL_S = 50e-6
+"""While a step runs and no message waits, the output rank looks this often for the step's end."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,7 +65,7 @@ def output_rank(tp_size: int, pp_size: int) -> int:
     return (pp_size - 1) * tp_size
 
 
-def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator:
+def _join(rank: ParallelRank, device: torch.device, store: Path, all_reduce: str) -> Communicator:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -75,7 +80,13 @@ def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator
         group = dist.new_group(list(range(stage * rank.tp_size, (stage + 1) * rank.tp_size)))
         if stage == rank.pp_rank:
             tp_group = group
-    return Communicator(rank, tp_group)
+    assert tp_group is not None
+    if device.type != "cuda" or rank.tp_size == 1 or all_reduce == "nccl":
+        return Communicator(rank, tp_group)
+    # NOTE: rank r of the stage sits on the device r places after its stage's first (see _device).
+    first = (device.index or 0) - rank.tp_rank
+    peers = [torch.device("cuda", first + tp_rank) for tp_rank in range(rank.tp_size)]
+    return Communicator(rank, tp_group, PeerAllReduce.create(tp_group, device, peers))
 
 
 def _device(config: EngineConfig, world_rank: int) -> torch.device:
@@ -91,16 +102,28 @@ def _device(config: EngineConfig, world_rank: int) -> torch.device:
 
 
 def _serve(runner: ModelRunner, conn: Connection, answers: bool) -> None:
+    """Run each step the engine sends; the output rank (`answers`) returns the steps' outputs in order.
+
+    A step is launched as soon as its message arrives, before the previous step's tokens are read back: with async
+    scheduling the engine sends step N+1 before it waits for step N's tokens, so the device finds N+1 queued behind
+    N, as in an engine that runs its model in its own process. Waiting for N first would leave the device idle
+    for the whole round trip (N's tokens to the engine, N+1's schedule back, its inputs prepared)."""
+    in_flight: deque[PendingOutput] = deque()
     while True:
+        if in_flight and in_flight[0].ready():
+            conn.send_bytes(pickle.dumps(in_flight.popleft().result()))
+            continue
         try:
+            if in_flight and not conn.poll(_POLL_S):
+                continue
             message = conn.recv_bytes()
         except EOFError:
             return
         if not message:
             return
-        output = runner.execute(pickle.loads(message)).result()
+        pending = runner.execute(pickle.loads(message))
         if answers:
-            conn.send_bytes(pickle.dumps(output))
+            in_flight.append(pending)
 
 
 def run_worker(
@@ -113,7 +136,7 @@ def run_worker(
     rank = ParallelRank.of_world_rank(world_rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
         device = _device(config, world_rank)
-        runner = ModelRunner(config, model_path, device, _join(rank, device, store))
+        runner = ModelRunner(config, model_path, device, _join(rank, device, store, parallel.all_reduce))
         pool = runner.kv_cache
         handle = PoolHandle.export(pool_bytes(pool)).to_dict() if pool.is_cuda else None
         conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, pool, handle))
