@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,8 +43,10 @@ from bench.workloads import fixed_requests
 from cli.cluster import LocalCluster
 from cli.cluster_config import parse_gpus
 from common.config import config_from_args
-from common.errors import InvalidArgumentError
+from common.errors import InvalidArgumentError, UnavailableError
 from common.pod_registry import PodRegistry
+
+logger = logging.getLogger(__name__)
 
 
 def parse_split(text: str | None) -> tuple[int, int] | None:
@@ -75,7 +78,12 @@ class ClusterSampler:
         self.samples: list[PodSample] = []
 
     async def sample(self, registry: PodRegistry) -> None:
-        pods = await registry.list_pods()
+        """Append the cluster's state now; a registry read that fails appends nothing (logged)."""
+        try:
+            pods = await registry.list_pods()
+        except UnavailableError as exc:
+            logger.warning("w11: no timeline sample, the registry is unavailable: %s", exc)
+            return
         active = [p for p in pods if not p.draining]
         decode = [p for p in active if p.role == "decode"]
         registered = {p.pod_id for p in pods}

@@ -76,6 +76,8 @@ def _figures(records: Sequence[RequestRecord], slo: Slo) -> dict[str, Any]:
 def timeline_rows(samples: Sequence[PodSample], finished: Sequence[FinishedRequest], slo: Slo) -> list[dict[str, Any]]:
     """One row per sample (in time order): the sample's fields, then `_figures` of the requests that ended in its
     window, then the SLO itself in ms (`slo_ttft_ms`, `slo_tpot_ms`, for the plot's reference lines)."""
+    if not samples:
+        return []
     times = [s.t_s for s in samples]
     windows: list[list[RequestRecord]] = [[] for _ in samples]
     for request in finished:

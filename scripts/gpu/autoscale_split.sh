@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # W11 autoscale split (issue 30, item 2) on a 4-GPU machine (nvidia-h100-x4 or nvidia-h200-x4): Qwen3-8B shape, bf16
-# random weights, cuda_ipc, 4096/256 Poisson at $RATE req/s (default 14), SLO TTFT 1.5 s and TPOT 15 ms. About 8.5
-# minutes in all (BUDGET_S, default 530, caps the steps):
+# random weights, cuda_ipc, 4096/256 Poisson at $RATE req/s (default 12), SLO TTFT 1.5 s and TPOT 15 ms. About 9
+# minutes in all (BUDGET_S, default 535, caps the steps):
 #   1. the autoscaler from 1 prefill + 1 decode on GPUs 0-3, one pod per GPU (--max-total-pods 4), deciding every 5 s,
-#      $AUTO_S (210) seconds of steady load                                     -> $OUT/auto/{timeline.csv,svg,w11.json}
-#   2. the fixed split $FIXED (2:2), the same load for $FIXED_S (75) seconds    -> $OUT/fixed/...
+#      $AUTO_S (225) seconds of steady load                                     -> $OUT/auto/{timeline.csv,svg,w11.json}
+#   2. the fixed split $FIXED (2:2), the same load for $FIXED_S (60) seconds    -> $OUT/fixed/...
 #   3. both timelines side by side                                              -> $OUT/autoscale-split.svg
 #      the final splits, SLO attainment and goodput per GPU of the last third, failures -> $OUT/summary.txt
 # The prefill queue measure assumes 38,000 prompt tokens/s per prefill pod (W2 4k on an H100: 107 ms per 4,096
@@ -12,21 +12,21 @@
 # scale out). Pods load with the default KV sizing; logs in $OUT/logs.
 # Usage (device repo root): source scripts/device_env.sh && bash scripts/gpu/autoscale_split.sh
 set -uo pipefail
-BUDGET_S=${BUDGET_S:-530}
+BUDGET_S=${BUDGET_S:-535}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-RATE=${RATE:-14}
-AUTO_S=${AUTO_S:-210}
+RATE=${RATE:-12}
+AUTO_S=${AUTO_S:-225}
 FIXED=${FIXED:-2:2}
-FIXED_S=${FIXED_S:-75}
+FIXED_S=${FIXED_S:-60}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$OUT/gpus.txt" 2>&1
 W11=(python3 -m bench --workload w11 --model-shape qwen3-8b --gpus 0,1,2,3 --kv-transfer-backend cuda_ipc
   --input-len 4096 --output-len 256 --request-rate "$RATE" --slo-ttft-ms 1500 --slo-tpot-ms 15 --sample-interval-s 5
   --no-progress)
-step auto 380 "${W11[@]}" --duration-s "$AUTO_S" --out-dir "$OUT/auto" --log-dir "$LOGS/auto" \
+step auto 390 "${W11[@]}" --duration-s "$AUTO_S" --out-dir "$OUT/auto" --log-dir "$LOGS/auto" \
   --autoscale-interval-s 5 --scale-down-window-s 120 --action-timeout-s 300 --prefill-tokens-per-s 38000 \
   --ttft-queue-fraction 0.5
 if ((BUDGET_S - (SECONDS - START) >= 150)); then
-  step fixed 200 "${W11[@]}" --duration-s "$FIXED_S" --split "$FIXED" --out-dir "$OUT/fixed" --log-dir "$LOGS/fixed"
+  step fixed 180 "${W11[@]}" --duration-s "$FIXED_S" --split "$FIXED" --out-dir "$OUT/fixed" --log-dir "$LOGS/fixed"
 else
   echo "fixed: skipped, $((BUDGET_S - (SECONDS - START))) s left" | tee -a "$SUMMARY"
 fi
