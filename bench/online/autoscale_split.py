@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from autoscaler.run import start_for_cluster
 from autoscaler.service import Autoscaler
 from bench.online.arrivals import poisson_arrivals
 from bench.online.cluster_target import ModelChoice, local_cluster
-from bench.online.load_driver import RequestRecord, Send, run_poisson
+from bench.online.load_driver import RequestRecord, RunResult, Send, run_poisson
 from bench.online.load_driver import summarize as summarize_run
 from bench.online.runs import router_target, sender, warm_up
 from bench.online.split_output import write_outputs
@@ -69,13 +69,27 @@ def autoscaler_config(args: argparse.Namespace, num_gpus: int) -> AutoscalerConf
     return config_from_args(AutoscalerConfig, args, **{k: v for k, v in derived.items() if not hasattr(args, k)})
 
 
-class ClusterSampler:
-    """Samples the cluster (`PodSample`) every `interval_s` until stopped; times are seconds since `load_start`."""
+@dataclass(slots=True)
+class Observed:
+    """What the steady load has seen so far (also when it is stopped early); times are seconds since `load_start`."""
 
-    def __init__(self, cluster: LocalCluster, load_start: float) -> None:
+    load_start: float
+    samples: list[PodSample] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
+    send_lags_s: list[float] = field(default_factory=list)
+
+    def run_result(self) -> RunResult:
+        """The ended requests as one run (from the load's start to the last end)."""
+        end_s = max((f.end_s for f in self.finished), default=0.0)
+        return RunResult([f.record for f in self.finished], end_s, self.load_start, self.send_lags_s)
+
+
+class ClusterSampler:
+    """Samples the cluster (`PodSample`) into `observed.samples` every `interval_s` until stopped."""
+
+    def __init__(self, cluster: LocalCluster, observed: Observed) -> None:
         self._cluster = cluster
-        self._load_start = load_start
-        self.samples: list[PodSample] = []
+        self._observed = observed
 
     async def sample(self, registry: PodRegistry) -> None:
         """Append the cluster's state now; a registry read that fails appends nothing (logged)."""
@@ -87,9 +101,9 @@ class ClusterSampler:
         active = [p for p in pods if not p.draining]
         decode = [p for p in active if p.role == "decode"]
         registered = {p.pod_id for p in pods}
-        self.samples.append(
+        self._observed.samples.append(
             PodSample(
-                t_s=time.monotonic() - self._load_start,
+                t_s=time.monotonic() - self._observed.load_start,
                 prefill_pods=sum(p.role == "prefill" for p in active),
                 decode_pods=len(decode),
                 draining_pods=len(pods) - len(active),
@@ -113,39 +127,36 @@ class ClusterSampler:
             await registry.aclose()
 
 
-def _stamping(send: Send, finished: list[FinishedRequest], load_start: float) -> Send:
-    """`send`, keeping each request's end time (seconds since `load_start`) with its record."""
+def _stamping(send: Send, observed: Observed) -> Send:
+    """`send`, keeping each request's record with its end time in `observed.finished`."""
 
     async def send_stamped(i: int) -> RequestRecord:
         record = await send(i)
-        finished.append(FinishedRequest(time.monotonic() - load_start, record))
+        observed.finished.append(FinishedRequest(time.monotonic() - observed.load_start, record))
         return record
 
     return send_stamped
 
 
-async def _steady_load(
-    args: argparse.Namespace, cluster: LocalCluster, on_load_start: Callable[[], None]
-) -> tuple[ClusterSampler, list[FinishedRequest], dict[str, Any], float]:
-    """Steps 2 and 4 of the module docstring; (the samples, the ended requests, their summary, the load's start)."""
+async def _steady_load(args: argparse.Namespace, cluster: LocalCluster, on_load_start: Callable[[], Observed]) -> None:
+    """Steps 2 and 4 of the module docstring; `on_load_start()` starts the autoscaler and returns where to keep
+    what the load sees."""
     async with router_target(args, cluster.router_address) as target:
         vocab_size = (await target.model_info()).vocab_size
         await warm_up(args, target.generate, vocab_size, args.input_len)
         num_requests = max(1, round(args.request_rate * args.duration_s))
         specs = fixed_requests(vocab_size, num_requests, args.input_len, args.output_len, f"{args.seed}-w11")
         arrivals = poisson_arrivals(args.request_rate, num_requests, f"{args.seed}-w11-arrivals")
-        on_load_start()
-        load_start = time.monotonic()
-        finished: list[FinishedRequest] = []
-        sampler, stop = ClusterSampler(cluster, load_start), asyncio.Event()
-        sampling = asyncio.create_task(sampler.run(args.sample_interval_s, stop))
+        observed = on_load_start()
+        stop = asyncio.Event()
+        sampling = asyncio.create_task(ClusterSampler(cluster, observed).run(args.sample_interval_s, stop))
         try:
-            send = _stamping(sender(target.generate, specs, f"{args.run_id}-w11"), finished, load_start)
+            send = _stamping(sender(target.generate, specs, f"{args.run_id}-w11"), observed)
             result = await run_poisson(send, arrivals, f"w11 {args.request_rate:g} req/s", args.progress)
+            observed.send_lags_s = result.send_lags_s
         finally:
             stop.set()
             await sampling
-    return sampler, finished, summarize_run(result), load_start
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -158,41 +169,57 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run_w11(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
+    """The run of the module docstring. The files are written before the cluster stops, also when the load is cut
+    short (SIGINT, SIGTERM or an error: then `interrupted` is true in w11.json and the exception goes on)."""
     _check(args)
     split = parse_split(args.split)
-    num_gpus = len(parse_gpus(args.gpus or ""))
-    config = None if split is not None else autoscaler_config(args, num_gpus)
+    config = None if split is not None else autoscaler_config(args, len(parse_gpus(args.gpus or "")))
     prefill, decode = split or (1, 1)
     run_args = argparse.Namespace(**{**vars(args), "num_prefill": prefill, "num_decode": decode})
     autoscaler: Autoscaler | None = None
+    observed: Observed | None = None
 
-    def start_autoscaler() -> None:
-        nonlocal autoscaler
+    def start_load() -> Observed:
+        nonlocal autoscaler, observed
         if config is not None:
             autoscaler, _ = start_for_cluster(config, cluster)
+        observed = Observed(time.monotonic())
+        return observed
 
     with local_cluster(run_args, model) as cluster:
+        interrupted = True
         try:
-            sampler, finished, summary, load_start = asyncio.run(_steady_load(args, cluster, start_autoscaler))
+            asyncio.run(_steady_load(args, cluster, start_load))
+            interrupted = False
         finally:
             if autoscaler is not None:
                 autoscaler.stop_thread()
+            if observed is not None:
+                result = _result(args, f"fixed {prefill}:{decode}" if split else "autoscale", config, observed)
+                result["interrupted"] = interrupted
+                result["files"] = _write(args, model, result)
+    return result
+
+
+def _result(args: argparse.Namespace, name: str, config: AutoscalerConfig | None, observed: Observed) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000, args.slo_attainment)
-    samples = sampler.samples
-    name = f"fixed {prefill}:{decode}" if split else "autoscale"
-    result: dict[str, Any] = {
+    samples, finished = observed.samples, observed.finished
+    prefill, decode = parse_split(args.split) or (1, 1)
+    return {
         "mode": name,
         "cluster": f"LocalCluster, {prefill} prefill + {decode} decode at the start",
         "gpus": args.gpus,
         "request_rate": args.request_rate,
         "slo": {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "attainment": args.slo_attainment},
-        "autoscaler": None if config is None else dataclasses.asdict(config),
-        "whole_run": summary,
-        "final": final_part(samples, finished, load_start, args.duration_s, args.final_fraction, slo),
+        "autoscaler": None if config is None else asdict(config),
+        "whole_run": summarize_run(observed.run_result()),
+        "final": final_part(samples, finished, observed.load_start, args.duration_s, args.final_fraction, slo),
         "split_changes": split_changes(samples),
+        "timeline": timeline_rows(samples, finished, slo),
     }
-    rows = timeline_rows(samples, finished, slo)
-    out_dir = Path(args.out_dir or f"w11-{'fixed-' + args.split.replace(':', '-') if split else 'autoscale'}")
+
+
+def _write(args: argparse.Namespace, model: ModelChoice, result: dict[str, Any]) -> dict[str, str]:
+    default = "w11-" + ("fixed-" + args.split.replace(":", "-") if args.split else "autoscale")
     note = f"{model.model} {args.input_len}/{args.output_len} at {args.request_rate:g} req/s on GPUs {args.gpus}"
-    result["files"] = write_outputs(out_dir, name, rows, result, note)
-    return result
+    return write_outputs(Path(args.out_dir or default), result["mode"], result, note)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +55,18 @@ def _cell(value: Any) -> Any:
     return "" if isinstance(value, float) and math.isnan(value) else value
 
 
-def write_outputs(
-    out_dir: Path, run_name: str, rows: Sequence[dict[str, Any]], result: dict[str, Any], note: str
-) -> dict[str, str]:
-    """Write the three files (the folder is created); their paths by kind (csv, json, svg)."""
+def write_outputs(out_dir: Path, run_name: str, result: dict[str, Any], note: str) -> dict[str, str]:
+    """Write the three files of `result` (its `timeline` rows: the CSV and the plot; all of it: the JSON; the folder
+    is created); their paths by kind (csv, json, svg)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / "timeline.csv", "json": out_dir / "w11.json", "svg": out_dir / "timeline.svg"}
+    rows: list[dict[str, Any]] = result["timeline"]
     with paths["csv"].open("w", newline="") as out:
         writer = csv.writer(out)
         columns = list(rows[0]) if rows else []
         writer.writerow(["run", *columns])
         writer.writerows([run_name, *(_cell(row[c]) for c in columns)] for row in rows)
-    paths["json"].write_text(json.dumps(json_safe(result | {"timeline": list(rows)}), indent=2) + "\n")
+    paths["json"].write_text(json.dumps(json_safe(result), indent=2) + "\n")
     numeric = [{k: float(v) for k, v in row.items()} for row in rows]
     paths["svg"].write_text(render({run_name: numeric}, SPLIT_PANELS, note, SPLIT_X_LABEL) if rows else "")
     return {kind: str(path) for kind, path in paths.items()}
