@@ -13,8 +13,9 @@ The run, in order:
    (random ids, none shared) asking for --output-len tokens; meanwhile the cluster is sampled every
    --sample-interval-s (the registry's pods, the GPUs the pod processes hold), and once more when every request
    has ended.
-5. The autoscaler stops, then the cluster. The timeline (bench/online/split_timeline.py) and the figures of the
-   last --final-fraction of the run are written to --out-dir (bench/online/split_output.py) and returned.
+5. The autoscaler stops. The timeline (bench/online/split_timeline.py) and the figures of the last
+   --final-fraction of the run are written to --out-dir (bench/online/split_output.py), also when the load was cut
+   short (then marked `interrupted`), and the cluster stops.
 """
 
 from __future__ import annotations
@@ -195,18 +196,19 @@ def run_w11(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
             if autoscaler is not None:
                 autoscaler.stop_thread()
             if observed is not None:
-                result = _result(args, f"fixed {prefill}:{decode}" if split else "autoscale", config, observed)
+                result = _result(args, config, observed)
                 result["interrupted"] = interrupted
                 result["files"] = _write(args, model, result)
     return result
 
 
-def _result(args: argparse.Namespace, name: str, config: AutoscalerConfig | None, observed: Observed) -> dict[str, Any]:
+def _result(args: argparse.Namespace, config: AutoscalerConfig | None, observed: Observed) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000, args.slo_attainment)
     samples, finished = observed.samples, observed.finished
-    prefill, decode = parse_split(args.split) or (1, 1)
+    split = parse_split(args.split)
+    prefill, decode = split or (1, 1)
     return {
-        "mode": name,
+        "mode": f"fixed {prefill}:{decode}" if split else "autoscale",
         "cluster": f"LocalCluster, {prefill} prefill + {decode} decode at the start",
         "gpus": args.gpus,
         "request_rate": args.request_rate,

@@ -50,7 +50,8 @@ for run in ("auto", "fixed"):
     final, whole = result["final"], result["whole_run"]
     finals[run] = final
     changes = " -> ".join(f"{c['prefill_pods']}:{c['decode_pods']} at {c['t_s']:.0f}s" for c in result["split_changes"])
-    print(f"{result['mode']}: splits {changes}")
+    cut = " (CUT SHORT: figures up to the cut)" if result.get("interrupted") else ""
+    print(f"{result['mode']}{cut}: splits {changes}")
     print(f"  last part ({final['from_s']:.0f}-{final['to_s']:.0f} s): split {final['split']}, GPUs {final['gpus_used']}, "
           f"attainment {final['slo_attainment']}, TTFT p90 {final['ttft_ms_p90']} ms, TPOT p90 {final['tpot_ms_p90']} ms, "
           f"goodput {final['goodput_req_per_s']} req/s = {final['goodput_req_per_s_per_gpu']} req/s/GPU")
