@@ -52,7 +52,10 @@ def json_safe(value: Any) -> Any:
 
 
 def _cell(value: Any) -> Any:
-    return "" if isinstance(value, float) and math.isnan(value) else value
+    """A CSV cell: NaN empty, other floats to 3 decimals."""
+    if not isinstance(value, float):
+        return value
+    return "" if math.isnan(value) else round(value, 3)
 
 
 def write_outputs(out_dir: Path, run_name: str, result: dict[str, Any], note: str) -> dict[str, str]:
