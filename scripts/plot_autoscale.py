@@ -2,12 +2,12 @@
 
 - `--panels deploy` (default): the autoscale e2e timeline (tests/e2e/test_autoscale.py with AUTOSCALE_TIMELINE_CSV):
   the pods per role over time on top, the load the planner sees below.
-- `--panels w11`: W11's timeline.csv files (`pdserve bench --workload w11`, one per run, e.g. the autoscaler's and a
+- `--panels w12`: W12's timeline.csv files (`pdserve bench --workload w12`, one per run, e.g. the autoscaler's and a
   fixed split's): pods and GPUs, TTFT and TPOT p90 against their SLOs, requests finished and failed per window.
 
     AUTOSCALE_TIMELINE_CSV=/tmp/timeline.csv pytest tests/e2e/test_autoscale.py -k heavy
     python scripts/plot_autoscale.py /tmp/timeline.csv docs/deploy-autoscale.svg --note "$(date -u +%F)"
-    python scripts/plot_autoscale.py --panels w11 auto/timeline.csv fixed/timeline.csv docs/autoscale-split.svg
+    python scripts/plot_autoscale.py --panels w12 auto/timeline.csv fixed/timeline.csv docs/autoscale-split.svg
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DEPLOY_PANELS = (
         ),
     ),
 )
-PANELS = {"deploy": (DEPLOY_PANELS, "seconds since the autoscaler started"), "w11": (SPLIT_PANELS, SPLIT_X_LABEL)}
+PANELS = {"deploy": (DEPLOY_PANELS, "seconds since the autoscaler started"), "w12": (SPLIT_PANELS, SPLIT_X_LABEL)}
 
 
 def read_runs(*paths: Path) -> dict[str, list[dict[str, float]]]:

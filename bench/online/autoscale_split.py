@@ -1,4 +1,4 @@
-"""W11 autoscale split: a steady load on a fixed set of GPUs, the prefill:decode split chosen by the autoscaler (or
+"""W12 autoscale split: a steady load on a fixed set of GPUs, the prefill:decode split chosen by the autoscaler (or
 held fixed, for comparison), and the timeline of what happened.
 
 The run, in order:
@@ -97,7 +97,7 @@ class ClusterSampler:
         try:
             pods = await registry.list_pods()
         except UnavailableError as exc:
-            logger.warning("w11: no timeline sample, the registry is unavailable: %s", exc)
+            logger.warning("w12: no timeline sample, the registry is unavailable: %s", exc)
             return
         active = [p for p in pods if not p.draining]
         decode = [p for p in active if p.role == "decode"]
@@ -146,14 +146,14 @@ async def _steady_load(args: argparse.Namespace, cluster: LocalCluster, on_load_
         vocab_size = (await target.model_info()).vocab_size
         await warm_up(args, target.generate, vocab_size, args.input_len)
         num_requests = max(1, round(args.request_rate * args.duration_s))
-        specs = fixed_requests(vocab_size, num_requests, args.input_len, args.output_len, f"{args.seed}-w11")
-        arrivals = poisson_arrivals(args.request_rate, num_requests, f"{args.seed}-w11-arrivals")
+        specs = fixed_requests(vocab_size, num_requests, args.input_len, args.output_len, f"{args.seed}-w12")
+        arrivals = poisson_arrivals(args.request_rate, num_requests, f"{args.seed}-w12-arrivals")
         observed = on_load_start()
         stop = asyncio.Event()
         sampling = asyncio.create_task(ClusterSampler(cluster, observed).run(args.sample_interval_s, stop))
         try:
-            send = _stamping(sender(target.generate, specs, f"{args.run_id}-w11"), observed)
-            result = await run_poisson(send, arrivals, f"w11 {args.request_rate:g} req/s", args.progress)
+            send = _stamping(sender(target.generate, specs, f"{args.run_id}-w12"), observed)
+            result = await run_poisson(send, arrivals, f"w12 {args.request_rate:g} req/s", args.progress)
             observed.send_lags_s = result.send_lags_s
         finally:
             stop.set()
@@ -162,16 +162,16 @@ async def _steady_load(args: argparse.Namespace, cluster: LocalCluster, on_load_
 
 def _check(args: argparse.Namespace) -> None:
     if args.address:
-        raise InvalidArgumentError("address", "w11 starts a cluster of its own (the autoscaler acts on its pods)")
+        raise InvalidArgumentError("address", "w12 starts a cluster of its own (the autoscaler acts on its pods)")
     if not 0 < args.final_fraction <= 1:
         raise InvalidArgumentError("final_fraction", f"must be in (0, 1], got {args.final_fraction}")
     if args.sample_interval_s <= 0:
         raise InvalidArgumentError("sample_interval_s", f"must be > 0, got {args.sample_interval_s}")
 
 
-def run_w11(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
+def run_w12(args: argparse.Namespace, model: ModelChoice) -> dict[str, Any]:
     """The run of the module docstring. The files are written before the cluster stops, also when the load is cut
-    short (SIGINT, SIGTERM or an error: then `interrupted` is true in w11.json and the exception goes on)."""
+    short (SIGINT, SIGTERM or an error: then `interrupted` is true in w12.json and the exception goes on)."""
     _check(args)
     split = parse_split(args.split)
     config = None if split is not None else autoscaler_config(args, len(parse_gpus(args.gpus or "")))
@@ -222,6 +222,6 @@ def _result(args: argparse.Namespace, config: AutoscalerConfig | None, observed:
 
 
 def _write(args: argparse.Namespace, model: ModelChoice, result: dict[str, Any]) -> dict[str, str]:
-    default = "w11-" + ("fixed-" + args.split.replace(":", "-") if args.split else "autoscale")
+    default = "w12-" + ("fixed-" + args.split.replace(":", "-") if args.split else "autoscale")
     note = f"{model.model} {args.input_len}/{args.output_len} at {args.request_rate:g} req/s on GPUs {args.gpus}"
     return write_outputs(Path(args.out_dir or default), result["mode"], result, note)

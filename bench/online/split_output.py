@@ -1,6 +1,6 @@
-"""W11's files in --out-dir: `timeline.csv` (one row per window, a `run` column first: the run's name), `w11.json`
+"""W12's files in --out-dir: `timeline.csv` (one row per window, a `run` column first: the run's name), `w12.json`
 (the figures and the timeline) and `timeline.svg` (bench/reporting/timeline_svg.py; scripts/plot_autoscale.py
---panels w11 draws several runs' CSVs side by side). A NaN figure (a window where no request ended) is an empty CSV
+--panels w12 draws several runs' CSVs side by side). A NaN figure (a window where no request ended) is an empty CSV
 cell and a JSON null."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def write_outputs(out_dir: Path, run_name: str, result: dict[str, Any], note: st
     """Write the three files of `result` (its `timeline` rows: the CSV and the plot; all of it: the JSON; the folder
     is created); their paths by kind (csv, json, svg)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "timeline.csv", "json": out_dir / "w11.json", "svg": out_dir / "timeline.svg"}
+    paths = {"csv": out_dir / "timeline.csv", "json": out_dir / "w12.json", "svg": out_dir / "timeline.svg"}
     rows: list[dict[str, Any]] = result["timeline"]
     with paths["csv"].open("w", newline="") as out:
         writer = csv.writer(out)

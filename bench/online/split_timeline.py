@@ -1,4 +1,4 @@
-"""W11's timeline, from what the run saw: the cluster sampled every --sample-interval-s (`PodSample`) and each request
+"""W12's timeline, from what the run saw: the cluster sampled every --sample-interval-s (`PodSample`) and each request
 with the time its client saw it end (`FinishedRequest`); every time is in seconds since the steady load started.
 
 Row i of the timeline (`timeline_rows`) is the window [t_i, t_i+1) between two samples: the pods as sample i saw

@@ -2,7 +2,7 @@
 per series (each value holds until the next sample). A NaN value (a window with nothing measured) leaves a gap.
 
 `render(runs, panels, note)` takes each run's rows (column name -> number, with `t_s`, the sample's time) and returns
-the whole SVG. Used by scripts/plot_autoscale.py (docs/deploy-autoscale.svg) and by W11 (bench/online/split_output.py).
+the whole SVG. Used by scripts/plot_autoscale.py (docs/deploy-autoscale.svg) and by W12 (bench/online/split_output.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# W11 autoscale split (issue 30, item 2) on a 4-GPU machine (nvidia-h100-x4 or nvidia-h200-x4): Qwen3-8B shape, bf16
+# W12 autoscale split (issue 30, item 2) on a 4-GPU machine (nvidia-h100-x4 or nvidia-h200-x4): Qwen3-8B shape, bf16
 # random weights, cuda_ipc, 4096/256 Poisson at $RATE req/s (default 12), SLO TTFT 1.5 s and TPOT 15 ms. About 9
 # minutes in all (BUDGET_S, default 535, caps the steps):
 #   1. the autoscaler from 1 prefill + 1 decode on GPUs 0-3, one pod per GPU (--max-total-pods 4), deciding every 5 s,
-#      $AUTO_S (240) seconds of steady load, judged on its last quarter         -> $OUT/auto/{timeline.csv,svg,w11.json}
+#      $AUTO_S (240) seconds of steady load, judged on its last quarter         -> $OUT/auto/{timeline.csv,svg,w12.json}
 #   2. the fixed split $FIXED (2:2), the same load for $FIXED_S (45) seconds, its last third -> $OUT/fixed/...
 #   3. both timelines side by side                                              -> $OUT/autoscale-split.svg
 #      the final splits, SLO attainment and goodput per GPU of those last parts, failures -> $OUT/summary.txt
@@ -21,21 +21,21 @@ AUTO_S=${AUTO_S:-240}
 FIXED=${FIXED:-2:2}
 FIXED_S=${FIXED_S:-45}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$OUT/gpus.txt" 2>&1
-W11=(python3 -m bench --workload w11 --model-shape qwen3-8b --gpus 0,1,2,3 --kv-transfer-backend cuda_ipc
+W12=(python3 -m bench --workload w12 --model-shape qwen3-8b --gpus 0,1,2,3 --kv-transfer-backend cuda_ipc
   --input-len 4096 --output-len 256 --request-rate "$RATE" --slo-ttft-ms 1500 --slo-tpot-ms 15 --sample-interval-s 5
   --no-progress)
-step auto 400 "${W11[@]}" --duration-s "$AUTO_S" --out-dir "$OUT/auto" --log-dir "$LOGS/auto" \
+step auto 400 "${W12[@]}" --duration-s "$AUTO_S" --out-dir "$OUT/auto" --log-dir "$LOGS/auto" \
   --autoscale-interval-s 5 --scale-down-window-s 120 --action-timeout-s 300 --prefill-tokens-per-s 38000 \
   --ttft-queue-fraction 0.5 --final-fraction 0.25
 if ((BUDGET_S - (SECONDS - START) >= 130)); then
-  step fixed 170 "${W11[@]}" --duration-s "$FIXED_S" --split "$FIXED" --out-dir "$OUT/fixed" --log-dir "$LOGS/fixed"
+  step fixed 170 "${W12[@]}" --duration-s "$FIXED_S" --split "$FIXED" --out-dir "$OUT/fixed" --log-dir "$LOGS/fixed"
 else
   echo "fixed: skipped, $((BUDGET_S - (SECONDS - START))) s left" | tee -a "$SUMMARY"
 fi
 csvs=()
 for run in auto fixed; do [[ -s "$OUT/$run/timeline.csv" ]] && csvs+=("$OUT/$run/timeline.csv"); done
 if ((${#csvs[@]})); then
-  python3 scripts/plot_autoscale.py --panels w11 "${csvs[@]}" "$OUT/autoscale-split.svg" \
+  python3 scripts/plot_autoscale.py --panels w12 "${csvs[@]}" "$OUT/autoscale-split.svg" \
     --note "$(head -2 "$OUT/gpus.txt" | tail -1 | cut -d, -f2 | xargs) x4, $(date -u +%F), scripts/gpu/autoscale_split.sh"
 fi
 python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
@@ -44,7 +44,7 @@ import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 finals = {}
 for run in ("auto", "fixed"):
-    path = out / run / "w11.json"
+    path = out / run / "w12.json"
     if not path.exists():
         print(f"{run}: no result (see logs/{run}.log)")
         continue
@@ -63,4 +63,4 @@ if auto.get("goodput_req_per_s_per_gpu") and fixed.get("goodput_req_per_s_per_gp
     ratio = auto["goodput_req_per_s_per_gpu"] / fixed["goodput_req_per_s_per_gpu"]
     print(f"autoscaler / fixed goodput per GPU over the last part: {ratio:.3f} (acceptance: >= 0.85)")
 PY
-echo "results: $OUT/summary.txt, $OUT/autoscale-split.svg, $OUT/auto/, $OUT/fixed/ (timeline.csv, timeline.svg, w11.json), logs in $LOGS"
+echo "results: $OUT/summary.txt, $OUT/autoscale-split.svg, $OUT/auto/, $OUT/fixed/ (timeline.csv, timeline.svg, w12.json), logs in $LOGS"

@@ -1,4 +1,4 @@
-"""W11 autoscale split (bench.online.autoscale_split): its pure pieces with exact values (the timeline's windows and
+"""W12 autoscale split (bench.online.autoscale_split): its pure pieces with exact values (the timeline's windows and
 their p90s, the final part's figures, the split's changes, the files and the plot), then the workload end to end on
 CPU with the tiny random-weight shape (soak): the autoscaler starts a second prefill pod on the third GPU.
 
@@ -143,14 +143,14 @@ def test_the_timeline_is_written_as_csv_json_and_svg(tmp_path: Path) -> None:
 # other tests).
 @pytest.mark.soak
 @pytest.mark.timeout(900)
-def test_w11_autoscaler_moves_the_split_and_every_request_ends(tmp_path: Path) -> None:
+def test_w12_autoscaler_moves_the_split_and_every_request_ends(tmp_path: Path) -> None:
     """The tiny random-weight shape on 3 GPU ids (ignored on a CPU host), 1 prefill + 1 decode pod, and an autoscaler
     whose --min-prefill 2 asks at once for a second prefill pod: it starts on the third GPU, serving before the 60 s
     of load end (the load-driven policy is autoscaler/planner.py's, tested there); no request fails, and the timeline,
     its files and the final figures say so. A heartbeat of 1 s keeps every pod in the registry on a loaded machine."""
     flags = [
         "--workload",
-        "w11",
+        "w12",
         "--model-shape",
         "tiny-qwen3",
         "--gpus",
