@@ -2,7 +2,8 @@
 
 Offline, with the engine in this process: w1 decode-bs1, w2 ttft, w3 nano, w4 grid, idle (GPU idle time between
 decode steps) and w10 (decode with speculation on vs off). w6: KV transfer between two processes over tcp, cuda_ipc
-or nccl. Online, through the router of a real cluster: w2online (router TTFT vs the colocated engine), w5, w7-w9.
+or nccl. Online, through the router of a real cluster: w2online (router TTFT vs the colocated engine), w5, w7-w9,
+w12 (the autoscaler moving GPUs between prefill and decode under a steady load).
 `pdserve bench --workload NAME --help` lists that workload's flags. The figures are printed as JSON (--json:
 also written to a file).
 """
@@ -22,7 +23,7 @@ WORKLOAD_MODULES: dict[str, str] = (
     dict.fromkeys(("w1", "w2", "w3", "w4", "idle"), "bench.offline.cli")
     | {"w6": "bench.kv_transfer.w6"}
     | {"w10": "bench.offline.w10"}
-    | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9"), "bench.online.cli")
+    | dict.fromkeys(("w2online", "w5", "w7", "w8", "w9", "w12"), "bench.online.cli")
 )
 
 

@@ -149,6 +149,12 @@ class LocalCluster:
                 return False
             time.sleep(_GPU_POLL_S)
 
+    def gpus_held(self) -> set[str]:
+        """The ids (of `gpus`) of the GPUs that running pods, and draining pods not yet exited, hold; empty without
+        `gpus`."""
+        live = [*self.pods, *(name for name, p in list(self.draining.items()) if p.returncode is None)]
+        return {self.config.gpus[gpu] for gpu in self._gpus.taken(live)}
+
     def stop_pod(self, pod: str | int, sig: signal.Signals = signal.SIGTERM, wait: bool = True) -> ServiceProcess:
         """Send `sig` to a pod (by id, or index into `pod_ids`) and drop it from `pods`; with `wait`, reap it
         (killing it after stop_timeout_s), so its `returncode` is set."""

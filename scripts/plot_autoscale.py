@@ -1,120 +1,74 @@
-"""Draw the autoscale e2e timeline (tests/e2e/test_autoscale.py with AUTOSCALE_TIMELINE_CSV) as an SVG: one column
-per run, the pods per role over time on top, the load the planner sees below. Plain SVG, no plotting library.
+"""Draw autoscaling timelines as an SVG, one column per run (bench/reporting/timeline_svg.py draws).
+
+- `--panels deploy` (default): the autoscale e2e timeline (tests/e2e/test_autoscale.py with AUTOSCALE_TIMELINE_CSV):
+  the pods per role over time on top, the load the planner sees below.
+- `--panels w12`: W12's timeline.csv files (`pdserve bench --workload w12`, one per run, e.g. the autoscaler's and a
+  fixed split's): pods and GPUs, TTFT and TPOT p90 against their SLOs, requests finished and failed per window.
 
     AUTOSCALE_TIMELINE_CSV=/tmp/timeline.csv pytest tests/e2e/test_autoscale.py -k heavy
     python scripts/plot_autoscale.py /tmp/timeline.csv docs/deploy-autoscale.svg --note "$(date -u +%F)"
+    python scripts/plot_autoscale.py --panels w12 auto/timeline.csv fixed/timeline.csv docs/autoscale-split.svg
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from xml.sax.saxutils import escape
 
-PANEL_W, PANEL_H, MARGIN_L, MARGIN_T, GAP = 400, 150, 50, 40, 45
-PANELS = (
-    (
+from bench.online.split_output import SPLIT_PANELS, SPLIT_X_LABEL
+from bench.reporting import timeline_svg
+from bench.reporting.timeline_svg import Panel, Series
+
+DEPLOY_PANELS = (
+    Panel(
         "pods (active)",
         (
-            ("prefill_pods", "prefill", "#1f77b4"),
-            ("decode_pods", "decode", "#d62728"),
-            ("draining_pods", "draining", "#7f7f7f"),
+            Series("prefill_pods", "prefill", "#1f77b4"),
+            Series("decode_pods", "decode", "#d62728"),
+            Series("draining_pods", "draining", "#7f7f7f"),
         ),
     ),
-    (
+    Panel(
         "load",
         (
-            ("prefill_waiting", "prefill waiting requests", "#1f77b4"),
-            ("decode_requests", "decode running + waiting", "#d62728"),
+            Series("prefill_waiting", "prefill waiting requests", "#1f77b4"),
+            Series("decode_requests", "decode running + waiting", "#d62728"),
         ),
     ),
 )
-"""Each panel: its title and its series (CSV column, legend, colour)."""
+PANELS = {"deploy": (DEPLOY_PANELS, "seconds since the autoscaler started"), "w12": (SPLIT_PANELS, SPLIT_X_LABEL)}
 
 
-def read_runs(path: Path) -> dict[str, list[dict[str, float]]]:
-    """The CSV's rows by run, numbers as floats, in file order."""
+def read_runs(*paths: Path) -> dict[str, list[dict[str, float]]]:
+    """The CSVs' rows by run (the `run` column), numbers as floats (an empty cell: NaN), in file order."""
     runs: dict[str, list[dict[str, float]]] = defaultdict(list)
-    with path.open(newline="") as source:
-        for row in csv.DictReader(source):
-            runs[row.pop("run")].append({name: float(value) for name, value in row.items()})
+    for path in paths:
+        with path.open(newline="") as source:
+            for row in csv.DictReader(source):
+                runs[row.pop("run")].append({name: float(value) if value else math.nan for name, value in row.items()})
     return dict(runs)
 
 
-def _steps(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """A step line through `points`: each value holds until the next sample."""
-    stepped: list[tuple[float, float]] = []
-    for (x, y), (next_x, _) in zip(points, [*points[1:], points[-1]], strict=True):
-        stepped += [(x, y), (next_x, y)]
-    return stepped
-
-
-def panel(rows: list[dict[str, float]], title: str, series: tuple[tuple[str, str, str], ...], x0: int, y0: int) -> str:
-    """One panel's SVG: axes, ticks, a step line per series and its legend, at (x0, y0)."""
-    t_max = max(r["t_s"] for r in rows) or 1.0
-    y_max = max(1.0, *(r[column] for r in rows for column, _, _ in series))
-    y_top = y_max * 1.15
-
-    def xy(t: float, v: float) -> str:
-        return f"{x0 + t / t_max * PANEL_W:.1f},{y0 + PANEL_H - v / y_top * PANEL_H:.1f}"
-
-    parts = [
-        f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#444"/>',
-        f'<text x="{x0}" y="{y0 - 6}" font-size="12" font-weight="bold">{escape(title)}</text>',
-    ]
-    for tick in _ticks(y_max):
-        parts.append(
-            f'<text x="{x0 - 6}" y="{y0 + PANEL_H - tick / y_top * PANEL_H + 4:.1f}" font-size="10" '
-            f'text-anchor="end">{tick:g}</text>'
-        )
-    for tick in _ticks(t_max):
-        x = x0 + tick / t_max * PANEL_W
-        parts.append(f'<text x="{x:.1f}" y="{y0 + PANEL_H + 13}" font-size="10" text-anchor="middle">{tick:g}</text>')
-    for index, (column, label, colour) in enumerate(series):
-        points = " ".join(xy(t, v) for t, v in _steps([(r["t_s"], r[column]) for r in rows]))
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        parts.append(
-            f'<text x="{x0 + PANEL_W - 4}" y="{y0 + 14 + 13 * index}" font-size="11" text-anchor="end" '
-            f'fill="{colour}">{escape(label)}</text>'
-        )
-    return "\n".join(parts)
-
-
-def _ticks(top: float) -> list[float]:
-    """About five round ticks from 0 to `top`."""
-    step = next(s for s in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if top / s <= 6)
-    return [i * step for i in range(int(top / step) + 1)]
-
-
-def render(runs: dict[str, list[dict[str, float]]], note: str) -> str:
-    """The whole SVG: one column per run (its name on top), `note` and the time axis label at the bottom."""
-    column_w = MARGIN_L + PANEL_W + 20
-    height = MARGIN_T + len(PANELS) * (PANEL_H + GAP) + 20
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{column_w * len(runs)}" height="{height}" '
-        f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
-    ]
-    for index, (name, rows) in enumerate(runs.items()):
-        x0 = index * column_w + MARGIN_L
-        parts.append(f'<text x="{x0}" y="16" font-size="14" font-weight="bold">{escape(name)}</text>')
-        for row_index, (title, series) in enumerate(PANELS):
-            parts.append(panel(rows, title, series, x0, MARGIN_T + row_index * (PANEL_H + GAP)))
-    parts.append(
-        f'<text x="{MARGIN_L}" y="{height - 6}" font-size="10">seconds since the autoscaler started. '
-        f"{escape(note)}</text></svg>"
-    )
-    return "\n".join(parts) + "\n"
+def render(
+    runs: dict[str, list[dict[str, float]]], note: str, panels: Sequence[Panel] = DEPLOY_PANELS, x_label: str = ""
+) -> str:
+    """The SVG of `runs` (deploy panels unless told)."""
+    return timeline_svg.render(runs, panels, note, x_label or PANELS["deploy"][1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("csv", type=Path, help="the timeline (AUTOSCALE_TIMELINE_CSV)")
+    parser.add_argument("csv", type=Path, nargs="+", help="the timelines (deploy: AUTOSCALE_TIMELINE_CSV)")
     parser.add_argument("svg", type=Path, help="where to write the plot")
+    parser.add_argument("--panels", choices=list(PANELS), default="deploy", help="what the CSVs hold (default: deploy)")
     parser.add_argument("--note", default="", help="a line under the plot (e.g. the command and the date)")
     args = parser.parse_args()
-    args.svg.write_text(render(read_runs(args.csv), args.note))
+    panels, x_label = PANELS[args.panels]
+    args.svg.write_text(render(read_runs(*args.csv), args.note, panels, x_label))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The online workloads of docs/workloads.md, through the router of a real cluster: W2-online, W5, W7, W8, W9.
+"""The online workloads of docs/workloads.md, through the router of a real cluster: W2-online, W5, W7-W9, W12.
 
 `add_arguments(parser)` adds every flag they read (not --workload); `run(args)` runs `args.workload` (one of
 `WORKLOADS`) and returns its figures as a JSON-able dict. Unless --address names a running router, the run
@@ -23,20 +23,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoscaler.config import AutoscalerConfig
+from bench.online.autoscale_split import run_w12
 from bench.online.cluster_target import ModelChoice, model_choice
 from bench.online.goodput import run_w7
 from bench.online.router_overhead import run_w8
 from bench.online.runs import run_w2online, run_w5, run_w9
+from common.config import add_config_args
 
-WORKLOADS = ("w2online", "w5", "w7", "w8", "w9")
+WORKLOADS = ("w2online", "w5", "w7", "w8", "w9", "w12")
 _PLAIN = (str, int, float, bool, list, type(None))
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "w2online": {"input_len": 2048, "output_len": 4, "num_prompts": 10},
-    "w5": {"input_len": 200, "output_len": 180, "request_rates": "2,4,8,16,32"},
-    "w7": {"input_len": 512, "output_len": 64, "request_rates": "2,4,8,16,32"},
+    "w5": {"input_len": 200, "output_len": 180, "request_rates": "2,4,8,16,32", "duration_s": 15.0},
+    "w7": {"input_len": 512, "output_len": 64, "request_rates": "2,4,8,16,32", "duration_s": 15.0},
     "w8": {"input_len": 128, "output_len": 32, "concurrency": "32,128"},
     "w9": {"input_len": 100, "output_len": 8, "num_prompts": 8},
+    "w12": {"input_len": 4096, "output_len": 256, "duration_s": 120.0},
 }
 """Per workload, the value of each flag left unset; W9's --input-len is the unique suffix after --prefix-len."""
 
@@ -46,6 +50,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, ModelChoice], dict[str, Any]]]
     "w7": run_w7,
     "w8": run_w8,
     "w9": run_w9,
+    "w12": run_w12,
 }
 
 
@@ -53,11 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the online workloads (the caller adds --workload, one of WORKLOADS)."""
     _add_cluster_arguments(parser)
     _add_load_arguments(parser)
-    slo = parser.add_argument_group("SLO (w7)")
+    slo = parser.add_argument_group("SLO (w7, w12)")
     slo.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO (default: 400 ms for inputs <= 1024, else 1500 ms)")
     slo.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT SLO, first token excluded (default: 50)")
     slo.add_argument("--slo-attainment", type=float, default=0.9, help="goodput target fraction (default: 0.9)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
+    _add_split_arguments(parser)
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +133,9 @@ def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
         "w8: per concurrency, default 8 x concurrency)",
     )
     load.add_argument("--request-rates", help="Poisson rates in req/s, comma-separated (w5, w7; default 2,4,8,16,32)")
-    load.add_argument("--duration-s", type=float, default=15.0, help="arrival span per rate (w5, w7; default: 15)")
+    load.add_argument(
+        "--duration-s", type=float, help="arrival span per rate (w5, w7; default: 15), of the steady load (w12: 120)"
+    )
     load.add_argument(
         "--stop-at-saturation",
         action=argparse.BooleanOptionalAction,
@@ -157,6 +165,35 @@ def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
         help="w8: prompts as text (the router tokenizes them) or token ids (default: text)",
     )
     load.add_argument("--prefix-len", type=int, default=2048, help="w9: shared system prompt tokens (default: 2048)")
+
+
+def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    split = parser.add_argument_group(
+        "w12 autoscale split",
+        "a steady load on --gpus; the autoscaler (its AutoscalerConfig flags below) moves GPUs between roles, "
+        "or --split holds a fixed one",
+    )
+    split.add_argument("--split", help="PREFILL:DECODE pods held fixed, no autoscaler (e.g. 2:2); default: autoscale")
+    split.add_argument("--request-rate", type=float, default=8.0, help="Poisson arrivals in req/s (default: 8)")
+    split.add_argument(
+        "--sample-interval-s", type=float, default=5.0, help="seconds between two timeline rows (default: 5)"
+    )
+    split.add_argument(
+        "--final-fraction",
+        type=float,
+        default=1 / 3,
+        help="the last part of the arrival span the final figures judge (default: the last third)",
+    )
+    split.add_argument(
+        "--ttft-queue-fraction",
+        type=float,
+        default=0.5,
+        help="--prefill-queue-high-s, unless given, is this fraction of --slo-ttft-ms (default: 0.5)",
+    )
+    split.add_argument(
+        "--out-dir", help="timeline.csv, timeline.svg, w12.json (default: ./w12-autoscale, ./w12-fixed-P-D)"
+    )
+    add_config_args(parser, AutoscalerConfig)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

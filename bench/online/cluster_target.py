@@ -90,6 +90,20 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
     if args.address:
         yield Serving(args.address, args.redis_url, args.router_pid)
         return
+    with local_cluster(args, model) as cluster:
+        router = cluster.router
+        yield Serving(
+            cluster.router_address,
+            cluster.redis_url,
+            router.pid if router is not None else None,
+            {pod_id: pod.pid for pod_id, pod in cluster.pods.items()},
+        )
+
+
+@contextlib.contextmanager
+def local_cluster(args: argparse.Namespace, model: ModelChoice) -> Iterator[LocalCluster]:
+    """A LocalCluster of --num-prefill + --num-decode pods on --gpus, started for the run and stopped after it (also
+    on SIGINT and SIGTERM, which raise KeyboardInterrupt meanwhile: call it from the main thread)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-bench-") as workdir:
         config = ClusterConfig(
             num_prefill=args.num_prefill,
@@ -109,13 +123,7 @@ def serving(args: argparse.Namespace, model: ModelChoice) -> Iterator[Serving]:
         cluster = LocalCluster(config)
         with stopping_on_signals(cluster.stop):
             cluster.start()
-            router = cluster.router
-            yield Serving(
-                cluster.router_address,
-                cluster.redis_url,
-                router.pid if router is not None else None,
-                {pod_id: pod.pid for pod_id, pod in cluster.pods.items()},
-            )
+            yield cluster
 
 
 def _router_flags(args: argparse.Namespace, model: ModelChoice, workdir: Path) -> list[str]:
