@@ -7,8 +7,8 @@
    round's TTFTs are the figures: without a host tier each prefix is recomputed, with one (`--swap-space` GiB) it is
    copied back from the host.
 2. Swap vs recompute at each `--contexts` length L: what a preempted request with L tokens of KV costs to resume.
-   Recompute: the TTFT of a fresh, unique L-token prompt on the idle engine (its prefill). Swap: the copy of its
-   ceil(L / block_size) blocks to the host and back through the engine's own copier, synchronized.
+   Recompute: the TTFT of a fresh, unique L-token prompt on the idle engine without a host tier (its prefill). Swap:
+   the copy of its ceil(L / block_size) blocks to pinned host memory and back (`HostKVCopier`), synchronized.
 
 Run: python -m bench.offline.kv_tier --model-shape qwen3-8b --json out.json (see scripts/gpu/kv_tier.sh).
 """
@@ -136,7 +136,8 @@ def main() -> None:
         )
         result["prefix_tier"].append(prefix_tier_run(engine, args))
         print(json.dumps(result["prefix_tier"][-1]), flush=True)
-        if swap_space:
+        if not swap_space:
+            # NOTE: on the engine without a host tier: its prefills evict no blocks to the host.
             result["swap_vs_recompute"] = swap_vs_recompute(
                 engine, [int(n) for n in args.contexts.split(",")], args.seed
             )
