@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from engine.kv_tier.weight_offload import layers_to_offload
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from tests.engine.model_factory import save_tiny_model
 from tests.engine.quant_support import greedy
 
 GIB = 2**30
@@ -30,12 +30,12 @@ def test_the_last_layers_that_save_the_budget_are_picked(gib: float, expected: l
     assert layers_to_offload([GIB] * 4, gib) == expected
 
 
-def test_offloaded_model_copies_each_layer_in_and_matches(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = save_tiny_model("qwen2", tmp_path_factory.mktemp("qwen2"))
+def test_offloaded_model_copies_each_layer_in_and_matches(tiny_qwen3_path: Path) -> None:
+    path = tiny_qwen3_path
     rng = random.Random(7)
     prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 40)]
     expected = greedy(LLMEngine(engine_config(str(path), num_blocks=32)), prompts, 8)
-    # One tiny layer is ~0.14 MiB: 0.1 MiB saved needs two layers (the model's both), sharing one staging set.
+    # One tiny layer is ~0.15 MiB: 0.1 MiB saved needs two layers (the model's both), sharing one staging set.
     engine = LLMEngine(engine_config(str(path), num_blocks=32, cpu_offload_gb=0.1 / 1024))
     offloaded = engine.runner.offloaded_layers
     assert len(offloaded) == 2
