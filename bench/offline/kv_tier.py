@@ -32,7 +32,12 @@ from engine.models.shapes import SHAPE_PREFIX
 
 
 def build(args: argparse.Namespace, swap_space: float) -> LLMEngine:
-    kwargs: dict[str, Any] = {"dtype": args.dtype, "num_blocks": args.num_blocks, "swap_space": swap_space}
+    kwargs: dict[str, Any] = {
+        "dtype": args.dtype,
+        "num_blocks": args.num_blocks,
+        "swap_space": swap_space,
+        "max_num_seqs": args.max_num_seqs,
+    }
     if args.model_shape:
         return LLMEngine(engine_config(SHAPE_PREFIX + args.model_shape, load_format="dummy", **kwargs))
     return LLMEngine(engine_config(args.model, **kwargs))
@@ -120,6 +125,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--num-blocks", type=int, default=1280, help="device KV pool: 20,480 tokens at 16 a block")
     parser.add_argument("--swap-space", type=float, default=16.0, help="host tier in GiB")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=8, help="requests run one at a time: fewer graphs to capture"
+    )
     parser.add_argument("--num-prefixes", type=int, default=8)
     parser.add_argument("--prefix-len", type=int, default=4096)
     parser.add_argument("--suffix-len", type=int, default=100)
