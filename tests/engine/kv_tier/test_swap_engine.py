@@ -12,7 +12,7 @@ from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.engine.quant_support import greedy
 
-NEW_TOKENS = 16
+NEW_TOKENS = 12
 # 16 blocks of 16 tokens hold 256 tokens: 4 prompts of 60..97 tokens and their outputs preempt each other.
 SMALL_POOL = {"num_blocks": 16, "max_model_len": 256, "long_prefill_token_threshold": 32}
 # 2 MiB: 64 slots of the tiny model's 32 KiB blocks.
