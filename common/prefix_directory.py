@@ -1,10 +1,14 @@
 """Global prefix-block directory in Redis: which pod holds which KV block, by chained block hash.
 
 Keys (prefix `pdserve`):
-- `pdserve:blk:{hash_hex}`: sorted set; member `{pod_id}:{generation}`, score = when that entry
-  expires (Unix ms).
-- `pdserve:podblk:{pod_id}:{generation}`: set of the hash hexes that pod generation published, so
+- `pdserve:blk:{hash_hex}`: sorted set; member `{pod_id}:{generation}` (the block is in the pod's device pool) or
+  `{pod_id}:{generation}:host` (in its host tier, `engine.kv_tier`), score = when that entry expires (Unix ms).
+- `pdserve:podblk:{member}`: set of the hash hexes that pod generation published for that tier, so
   `AllBlocksCleared` and `drop_pod` can find its entries.
+
+A lookup counts, per pod, the leading run of the prompt's blocks held in either tier; a block only in the host
+tier counts `host_hit_weight` of a device block (it is copied back, which costs less than recomputing it but more
+than nothing).
 
 Staleness bound: every entry expires `entry_ttl_s` after it was last written (the score; lookups ignore
 expired members, and a key expires `entry_ttl_s` after its last write). Pods keep their live blocks
@@ -30,31 +34,40 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from common.block_hash import BlockHash
-from common.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from common.kv_cache_events import DEVICE_TIER, HOST_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from common.redis_client import open_redis
 
 logger = logging.getLogger(__name__)
 
 _REFRESH_CHUNK = 1024
+_TIERS = (DEVICE_TIER, HOST_TIER)
 
-# KEYS: the prompt's block keys in order; ARGV: the live members. Returns each member's leading run.
+# KEYS: the prompt's block keys in order; ARGV: the live (device tier) members. Returns each member's leading run in
+# either tier and how many blocks of it are in the host tier only, flat: run_1, host_1, run_2, host_2, ...
 _LONGEST_PREFIX_LUA = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local runs, active = {}, {}
-for i = 1, #ARGV do runs[i] = 0; active[i] = i end
+local runs, hosts, active = {}, {}, {}
+for i = 1, #ARGV do runs[i] = 0; hosts[i] = 0; active[i] = i end
 for b = 1, #KEYS do
   local names = {}
-  for j, m in ipairs(active) do names[j] = ARGV[m] end
+  for j, m in ipairs(active) do names[2 * j - 1] = ARGV[m]; names[2 * j] = ARGV[m] .. ':host' end
   local scores = redis.call('ZMSCORE', KEYS[b], unpack(names))
   local still = {}
   for j, m in ipairs(active) do
-    if scores[j] and tonumber(scores[j]) > now_ms then runs[m] = b; still[#still + 1] = m end
+    local device, host = scores[2 * j - 1], scores[2 * j]
+    if device and tonumber(device) > now_ms then
+      runs[m] = b; still[#still + 1] = m
+    elseif host and tonumber(host) > now_ms then
+      runs[m] = b; hosts[m] = hosts[m] + 1; still[#still + 1] = m
+    end
   end
   active = still
   if #active == 0 then break end
 end
-return runs
+local out = {}
+for i = 1, #ARGV do out[2 * i - 1] = runs[i]; out[2 * i] = hosts[i] end
+return out
 """
 
 # KEYS[1]: a pod generation's index; ARGV: its member, the block key prefix, the entries' expiry (Unix ms), the keys'
@@ -106,16 +119,22 @@ class DirectoryStats:
     """Failed writes (`publish`, `refresh`, `drop_pod`)."""
 
 
-def _member(pod_id: str, generation: int) -> str:
-    return f"{pod_id}:{generation}"
+def _member(pod_id: str, generation: int, tier: str = DEVICE_TIER) -> str:
+    return f"{pod_id}:{generation}" if tier == DEVICE_TIER else f"{pod_id}:{generation}:{tier}"
 
 
 class PrefixDirectory:
     """Pods publish their KV cache events; the router asks which live pod holds the longest prefix."""
 
     def __init__(
-        self, redis_url: str, key_prefix: str = "pdserve", entry_ttl_s: float = 300.0, timeout_s: float = 0.3
+        self,
+        redis_url: str,
+        key_prefix: str = "pdserve",
+        entry_ttl_s: float = 300.0,
+        timeout_s: float = 0.3,
+        host_hit_weight: float = 1.0,
     ) -> None:
+        self._host_hit_weight = host_hit_weight
         self._redis = open_redis(redis_url, timeout_s)
         self._entry_ttl_s = entry_ttl_s
         self._ttl_ms = max(1, round(entry_ttl_s * 1000))
@@ -136,9 +155,10 @@ class PrefixDirectory:
             self._lookups, self._hits, self._errors, self._last_latency_s, self._publishes, self._publish_errors
         )
 
-    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, int]:
+    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, float]:
         """For each pod in `live` (pod_id -> current generation), how many LEADING blocks of the prompt
-        it holds, in one round trip. `{}` when Redis fails or is slow (never raises for Redis)."""
+        it holds, a block in its host tier only counting `host_hit_weight`, in one round trip. `{}` when Redis fails
+        or is slow (never raises for Redis)."""
         self._lookups += 1
         if not live:
             return {}
@@ -149,7 +169,7 @@ class PrefixDirectory:
         members = [_member(pod_id, live[pod_id]) for pod_id in pod_ids]
         start = time.perf_counter()
         try:
-            runs = await self._longest_prefix(keys=keys, args=members)
+            flat = await self._longest_prefix(keys=keys, args=members)
         except RedisError as exc:
             self._errors += 1
             self._on_failure("lookup", exc)
@@ -157,7 +177,11 @@ class PrefixDirectory:
         finally:
             self._last_latency_s = time.perf_counter() - start
         self._on_success()
-        result = {pod_id: int(run) for pod_id, run in zip(pod_ids, runs, strict=True)}
+        weight = self._host_hit_weight
+        result = {
+            pod_id: int(run) - (1.0 - weight) * int(host)
+            for pod_id, run, host in zip(pod_ids, flat[::2], flat[1::2], strict=True)
+        }
         if any(result.values()):
             self._hits += 1
         return result
@@ -168,41 +192,44 @@ class PrefixDirectory:
         False if Redis failed: the batch is dropped and counted, and the pod's next successful
         `publish` or `refresh` rewrites its whole state instead. Calls are serialized per directory.
         """
-        member = _member(pod_id, generation)
+        members = {tier: _member(pod_id, generation, tier) for tier in _TIERS}
         async with self._write_lock:
             self._publishes += 1
-            held = self._held.setdefault(member, set())
             pipe = self._redis.pipeline(transaction=False)
             expiry_ms = self._expiry_ms()
-            ops: list[str] = []
+            ops: dict[str, list[str]] = {member: [] for member in members.values()}
+            # NOTE: the host tier's member is known (and dropped on a clear) once the pod published to it.
+            self._held.setdefault(members[DEVICE_TIER], set())
             for event in events:
                 match event:
-                    case BlockStored(block_hashes=hashes):
-                        held.update(hashes)
-                        ops += _ops("+", hashes)
-                    case BlockRemoved(block_hashes=hashes):
-                        held.difference_update(hashes)
-                        ops += _ops("-", hashes)
+                    case BlockStored(block_hashes=hashes, tier=tier):
+                        self._held.setdefault(members[tier], set()).update(hashes)
+                        ops[members[tier]] += _ops("+", hashes)
+                    case BlockRemoved(block_hashes=hashes, tier=tier):
+                        self._held.setdefault(members[tier], set()).difference_update(hashes)
+                        ops[members[tier]] += _ops("-", hashes)
                     case AllBlocksCleared():
-                        held.clear()
-                        self._queue_ops(pipe, member, ops, expiry_ms)
-                        ops = []
-                        self._queue_drop(pipe, member)
-            self._queue_ops(pipe, member, ops, expiry_ms)
-            if member in self._dirty:
+                        for member in filter(self._held.__contains__, members.values()):
+                            self._held[member].clear()
+                            self._queue_ops(pipe, member, ops[member], expiry_ms)
+                            ops[member] = []
+                            self._queue_drop(pipe, member)
+            for member, member_ops in ops.items():
+                self._queue_ops(pipe, member, member_ops, expiry_ms)
+            if any(member in self._dirty for member in members.values()):
                 # NOTE: the mirror already holds this batch; the rewrite replaces the queued commands.
-                return await self._rewrite(member)
+                return await self._rewrite_pod(members.values())
             if len(pipe) == 0:
                 return True
             if await self._execute(pipe, "publish"):
                 return True
-            self._dirty.add(member)
+            self._dirty.update(members.values())
             return False
 
     async def refresh(self, pod_id: str, generation: int) -> bool:
         """Rewrite every block the pod holds (as its published events say) with a fresh expiry."""
         async with self._write_lock:
-            return await self._rewrite(_member(pod_id, generation))
+            return await self._rewrite_pod([_member(pod_id, generation, tier) for tier in _TIERS])
 
     def start_refresh(self, pod_id: str, generation: int, interval_s: float | None = None) -> asyncio.Task[None]:
         """Run `refresh` every `interval_s` (default entry_ttl_s / 3) until `aclose`."""
@@ -216,12 +243,13 @@ class PrefixDirectory:
 
     async def drop_pod(self, pod_id: str, generation: int) -> bool:
         """Remove every entry of one pod generation (graceful shutdown, or a pod seen gone)."""
-        member = _member(pod_id, generation)
         async with self._write_lock:
-            self._held.pop(member, None)
-            self._dirty.discard(member)
             pipe = self._redis.pipeline(transaction=False)
-            self._queue_drop(pipe, member)
+            for tier in _TIERS:
+                member = _member(pod_id, generation, tier)
+                self._held.pop(member, None)
+                self._dirty.discard(member)
+                self._queue_drop(pipe, member)
             return await self._execute(pipe, "drop_pod")
 
     async def aclose(self) -> None:
@@ -244,6 +272,14 @@ class PrefixDirectory:
     def _queue_drop(self, pipe: Pipeline, member: str) -> None:
         # NOTE: EVAL with the body, not EVALSHA: stays one round trip even right after a Redis restart.
         pipe.eval(_DROP_POD_LUA, 1, self._index_prefix + member, member, self._block_prefix)
+
+    async def _rewrite_pod(self, members: Iterable[str]) -> bool:
+        """`_rewrite` each tier's member of a pod (all of them, even when one fails); the write lock is held. A
+        dirty tier dirties the pod: its other tier is dropped and rewritten too."""
+        members = list(members)
+        if any(member in self._dirty for member in members):
+            self._dirty.update(members)
+        return all([await self._rewrite(member) for member in members])
 
     async def _rewrite(self, member: str) -> bool:
         """Drop (if dirty) and rewrite the member's whole held set, in chunks; the write lock is held."""

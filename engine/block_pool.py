@@ -9,7 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.block_hash import BlockHash
@@ -93,6 +93,8 @@ class BlockPool:
         self._free_queue = FreeBlockQueue(self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
         self._events: list[KVCacheEvent] = []
+        # NOTE: called with each cached block about to be evicted, its hash and tokens still set (the host tier).
+        self.on_evict: Callable[[KVBlock], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -117,6 +119,8 @@ class BlockPool:
         for _ in range(num_blocks):
             block = self._free_queue.popleft()
             if block.block_hash is not None:
+                if self.on_evict is not None:
+                    self.on_evict(block)
                 evicted.append(block.block_hash)
                 del self._cached[block.block_hash]
                 block.block_hash = None

@@ -69,6 +69,14 @@ class ModelConfig:
     max_model_len: int | None = field(
         default=None, metadata=doc("longest prompt + output in tokens; default: the model's max_position_embeddings")
     )
+    cpu_offload_gb: float = field(
+        default=0.0,
+        metadata=doc(
+            "GiB of weights kept in host memory (whole decoder layers, the last ones first) and copied to the device "
+            "before each of them runs: serves a model a little too large for the device, at the cost of that copy "
+            "every step; 0: all weights on the device"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model", "must name a model folder or alias")
@@ -91,6 +99,7 @@ class ModelConfig:
             "max_model_len",
             f"must be > 0, got {self.max_model_len}",
         )
+        _require(self.cpu_offload_gb >= 0, "cpu_offload_gb", f"must be >= 0, got {self.cpu_offload_gb}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +127,28 @@ class CacheConfig:
             "cache_salt replaces it for that request)"
         ),
     )
+    swap_space: float = field(
+        default=0.0,
+        metadata=doc(
+            "GiB of host memory (pinned on CUDA) for a host tier of KV blocks: preempted requests of at least "
+            "swap_min_tokens are swapped out to it instead of recomputed, and with host_prefix_cache evicted prefix "
+            "blocks wait there to be copied back; 0: no host tier"
+        ),
+    )
+    swap_min_tokens: int = field(
+        default=512,
+        metadata=doc(
+            "a preempted request with fewer computed tokens is recomputed, a longer one swapped out (with "
+            "swap_space): recomputing a short context costs about a step and often revives its own cached blocks"
+        ),
+    )
+    host_prefix_cache: bool = field(
+        default=True,
+        metadata=doc(
+            "with swap_space: a prefix-cache block evicted from the device is copied to the host tier's LRU first, "
+            "and a prefix hit there is copied back instead of recomputed"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _require(
@@ -137,6 +168,8 @@ class CacheConfig:
             f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
         )
         _require(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", f"must be > 0, got {self.kv_cache_memory_gib}")
+        _require(self.swap_space >= 0, "swap_space", f"must be >= 0, got {self.swap_space}")
+        _require(self.swap_min_tokens >= 0, "swap_min_tokens", f"must be >= 0, got {self.swap_min_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +261,10 @@ class EngineConfig:
         )
         if self.parallel.world_size == 1:
             return
+        for name, value in (("swap_space", self.cache.swap_space), ("cpu_offload_gb", self.model.cpu_offload_gb)):
+            _require(
+                value == 0, name, "runs on one device only (tensor_parallel_size and pipeline_parallel_size must be 1)"
+            )
         _require(
             self.speculative_config is None,
             "speculative_config",

@@ -12,7 +12,7 @@ from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from engine.config import EngineConfig
 from engine.executor import PendingResult, make_executor
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv_tier.setup import make_kv_cache
 from engine.model_runner import ModelRunner
 from engine.model_store import resolve_model
 from engine.request import Request
@@ -65,12 +65,7 @@ class LLMEngine:
             vocab_size=arch.vocab_size,
             eos_token_ids=_eos_token_ids(self.model_path, arch.eos_token_ids),
         )
-        self.kv_cache_manager = KVCacheManager(
-            self.executor.num_blocks,
-            config.cache.block_size,
-            config.cache.enable_prefix_caching,
-            extra_keys=block_extra_keys(config.model.model, config.cache.cache_salt),
-        )
+        self.kv_cache_manager, swapper = make_kv_cache(config, self.executor)
         configured = config.scheduler.async_scheduling
         if configured is None:
             configured = self.executor.device.type == "cuda" and config.parallel.pipeline_parallel_size == 1
@@ -81,6 +76,7 @@ class LLMEngine:
             self.kv_cache_manager,
             self.executor.max_model_len,
             self.speculator,
+            swapper,
         )
         self._pending: tuple[SchedulerOutput, PendingResult] | None = None
 

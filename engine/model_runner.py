@@ -19,6 +19,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import CacheConfig, EngineConfig
 from engine.cuda_graph import CudaGraphRunner
 from engine.input_batch import InputBatch, ModelInput, PreviousSample
+from engine.kv_tier.weight_offload import offload_layers
 from engine.layers.quant.registry import resolve_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
@@ -75,6 +76,10 @@ class ModelRunner:
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device)
         self.model = load_model(model_path, config.model, backend, self.dtype, self.device, comm)
+        stage = self.model.model.stage_layers
+        self.offloaded_layers = offload_layers(
+            list(self.model.model.layers[stage.start : stage.stop]), config.model.cpu_offload_gb
+        )
         kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
         self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
         self.num_kv_heads = kv_heads.stop - kv_heads.start

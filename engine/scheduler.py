@@ -1,9 +1,10 @@
-"""Token-budget scheduler: continuous batching with chunked prefill, prefix hits and recompute preemption.
+"""Token-budget scheduler: continuous batching with chunked prefill, prefix hits and preemption.
 
 Each step, running requests go first (decodes and unfinished prompt chunks, in admission order), then
 waiting ones are admitted while the token budget, `max_num_seqs` and free KV blocks allow. When a running
 request cannot get a block, the lowest-priority running request (the newest under fcfs) is preempted: its
-blocks are freed and it rejoins the front of the queue to be recomputed, mostly from the prefix cache.
+blocks are freed and it rejoins the front of the queue to be recomputed, mostly from the prefix cache, or with a
+host tier (`KVSwapper`), a long one's blocks are swapped out to host memory and copied back when it is readmitted.
 
 Async scheduling: step N+1 may be scheduled before step N's sampled tokens are known. Each sampled token counts
 as a placeholder until `update_from_output` delivers it; a request whose last token is a placeholder is scheduled
@@ -25,6 +26,7 @@ from collections import deque
 from engine.block_pool import KVBlock
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_tier.swapper import RECOMPUTE, KVSwapper
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import (
     PLACEHOLDER_TOKEN_ID,
@@ -46,11 +48,13 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
         speculator: Speculator | None = None,
+        swapper: KVSwapper | None = None,
     ) -> None:
         self.config = config
         self.kv = kv_cache_manager
         self.drafts = None if speculator is None else DraftSlots(speculator, kv_cache_manager, max_model_len)
         self.max_model_len = max_model_len
+        self.swapper = swapper
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -157,6 +161,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        mode = RECOMPUTE if self.swapper is None else self.swapper.swap_out(request)
         self.kv.free(request.req_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -164,8 +169,9 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
         logger.warning(
-            "preempted request %s (recompute); KV pool too small for the load (%d preemptions so far)",
+            "preempted request %s (%s); KV pool too small for the load (%d preemptions so far)",
             request.req_id,
+            mode,
             self.num_preemptions,
         )
 
@@ -178,6 +184,8 @@ class Scheduler:
             if request.num_computed_tokens:
                 # Prefilled elsewhere: its prompt KV already sits in blocks it holds.
                 computed_blocks, num_computed = [], request.num_computed_tokens
+            elif self.swapper is not None:
+                computed_blocks, num_computed = self.swapper.computed_blocks(request)
             else:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(
                     request.req_id, request.all_token_ids, request.block_extra_keys
@@ -188,6 +196,8 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
+            if self.swapper is not None:
+                self.swapper.swap_in(request)
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_computed
             self.running.append(request)
@@ -277,6 +287,8 @@ class Scheduler:
             self.kv.free(request.req_id)
         del self.requests[request.req_id]
         self._finished_req_ids.add(request.req_id)
+        if self.swapper is not None:
+            self.swapper.discard(request.req_id)
         if self.drafts is not None:
             self.drafts.speculator.forget(request.req_id)
 

@@ -162,6 +162,13 @@ class RoutingConfig:
         default=1.0,
         metadata=doc("cached prompt tokens one queued prefill token outweighs when picking the prefill pod"),
     )
+    host_hit_weight: float = field(
+        default=0.5,
+        metadata=doc(
+            "what a prompt block a prefill pod holds only in its host tier (--swap-space) counts for, a block in its "
+            "device pool counting 1: it is copied back, cheaper than recomputed but not free"
+        ),
+    )
     prefill_max_imbalance_tokens: int = field(
         default=4096,
         metadata=doc("with no cached prefix, skip the rendezvous pick while its queue exceeds the shortest by this"),
@@ -200,6 +207,7 @@ class RoutingConfig:
 
     def __post_init__(self) -> None:
         _require(self.prefill_load_alpha >= 0, "prefill_load_alpha", f"must be >= 0, got {self.prefill_load_alpha}")
+        _require(0 <= self.host_hit_weight <= 1, "host_hit_weight", f"must be in [0, 1], got {self.host_hit_weight}")
         _require(
             self.prefill_max_imbalance_tokens >= 0,
             "prefill_max_imbalance_tokens",

@@ -100,7 +100,7 @@ class RouterApp:
         self._tokenizer_pool = tokenizer_pool
         self._counts = counts = SharedCounts.local() if counts is None else counts
         self._registry = PodRegistry(config.redis_url)
-        self._directory = PrefixDirectory(config.redis_url)
+        self._directory = PrefixDirectory(config.redis_url, host_hit_weight=routing.host_hit_weight)
         load = LocalLoads()
         self._pods = PodView(
             self._registry,

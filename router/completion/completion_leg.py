@@ -125,7 +125,7 @@ class CompletionLeg:
         )
         self._prefill_stream = stream
         self._stack.push_async_callback(stream.aclose)
-        cached_tokens = self._plan.cached_blocks.get(self.prefill_pod.pod_id, 0) * self._ctx.block_size
+        cached_tokens = int(self._plan.cached_blocks.get(self.prefill_pod.pod_id, 0) * self._ctx.block_size)
         num_to_compute = max(num_prompt_tokens - cached_tokens, 0)
         with (
             self._ctx.load.prefilling(self.prefill_pod.pod_id, num_to_compute),

@@ -250,7 +250,7 @@ class CompletionRun:
         attempt = self._progress.num_attempts
         with self._ctx.tracing.span("route", {PDSERVE_ROUTE_ATTEMPT: attempt}) as span:
             prefill_pod, decode_pod = self._pick(leg_input)
-            cached_tokens = self._plan.cached_blocks.get(prefill_pod.pod_id, 0) * self._ctx.block_size
+            cached_tokens = int(self._plan.cached_blocks.get(prefill_pod.pod_id, 0) * self._ctx.block_size)
             span.set_attributes(
                 {
                     PDSERVE_PREFILL_POD: prefill_pod.pod_id,

@@ -67,8 +67,9 @@ class GenerateInput:
 class PrefixLookup(Protocol):
     """The prefix directory's read side: common.prefix_directory.PrefixDirectory (or a test double)."""
 
-    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, int]:
-        """Per live pod, how many leading blocks of the prompt it holds; {} when unknown."""
+    async def longest_prefix(self, block_hashes: Sequence[BlockHash], live: Mapping[str, int]) -> dict[str, float]:
+        """Per live pod, how many leading blocks of the prompt it holds (one in its host tier counting less than one
+        in its device pool); {} when unknown."""
         ...
 
 
@@ -212,7 +213,7 @@ class RequestLifecycle:
         # NOTE: a prompt shorter than a block has no block hash; its (partial) hash still sends equal
         # short prompts to one pod, though nothing of it is cached.
         routing_key = block_hashes[0] if block_hashes else hash_block_tokens(None, token_ids, extra_keys)
-        cached_blocks: dict[str, int] = {}
+        cached_blocks: dict[str, float] = {}
         latency_s: float | None = None
         live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
         # NOTE: with one live prefill pod there is no choice for the answer to change: no lookup (a Redis round trip).

@@ -54,7 +54,7 @@ class PromptPlan:
     request_id: str
     token_ids: list[int]
     routing_key: bytes
-    cached_blocks: Mapping[str, int]
+    cached_blocks: Mapping[str, float]
     cache_salt: str | None
     arrival: float
     deadline: float | None

@@ -72,12 +72,13 @@ class RoutingPolicy:
         self,
         pods: Sequence[PodInfo],
         routing_key: bytes,
-        cached_blocks: Mapping[str, int],
+        cached_blocks: Mapping[str, float],
         load: Callable[[str], LocalLoad],
     ) -> PodInfo:
         """The prefill pod for a prompt whose first block hashes to `routing_key`.
 
-        `cached_blocks`: the directory's answer (pod id -> leading blocks of the prompt it holds;
+        `cached_blocks`: the directory's answer (pod id -> leading blocks of the prompt it holds, a block in its host
+        tier counting `host_hit_weight`;
         empty when it had none). Raises UnavailableError when no pod can take it.
         """
         by_id = {pod.pod_id: pod for pod in pods if not pod.draining}

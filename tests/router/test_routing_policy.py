@@ -170,3 +170,12 @@ def test_parallel_pods_pair_only_with_pods_of_their_sizes() -> None:
     # No pod of equal sizes: every pod stays a candidate (the prefill pod then refuses the target, naming the sizes).
     assert [pod.pod_id for pod in pairable_prefill_pods(prefill[2:], decode[:2])] == ["p3"]
     assert [pod.pod_id for pod in paired_decode_pods(decode[:1], prefill[1])] == ["d1"]
+
+
+def test_host_tier_hits_count_at_their_weight_against_load() -> None:
+    # p0 holds 8 blocks, 6 of them only in its host tier at weight 0.5: 5 device-equivalent blocks = 80 tokens; p1
+    # holds 4 blocks on its device = 64 tokens. The directory's answer is already weighted (PrefixDirectory).
+    cached = {"p0": 2 + 0.5 * 6, "p1": 4}
+    assert POLICY.pick_prefill(PREFILLS, KEY, cached, _idle).pod_id == "p0"
+    # 20 queued tokens on p0 outweigh its 16-token edge.
+    assert POLICY.pick_prefill(PREFILLS, KEY, cached, _queued(p0=20)).pod_id == "p1"
