@@ -187,6 +187,10 @@ class ParallelConfig:
         default=1, metadata=doc("devices each layer is split over (worker processes: NCCL on CUDA, gloo on CPU)")
     )
     pipeline_parallel_size: int = field(default=1, metadata=doc("stages the layers are split into, one per device"))
+    enable_expert_parallel: bool = field(
+        default=False,
+        metadata=doc("MoE models: spread the experts over the tensor-parallel ranks (each holds some experts whole)"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):

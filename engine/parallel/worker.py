@@ -60,7 +60,7 @@ def output_rank(tp_size: int, pp_size: int) -> int:
     return (pp_size - 1) * tp_size
 
 
-def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator:
+def _join(rank: ParallelRank, device: torch.device, store: Path, expert_parallel: bool) -> Communicator:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -75,7 +75,7 @@ def _join(rank: ParallelRank, device: torch.device, store: Path) -> Communicator
         group = dist.new_group(list(range(stage * rank.tp_size, (stage + 1) * rank.tp_size)))
         if stage == rank.pp_rank:
             tp_group = group
-    return Communicator(rank, tp_group)
+    return Communicator(rank, tp_group, expert_parallel)
 
 
 def _device(config: EngineConfig, world_rank: int) -> torch.device:
@@ -113,7 +113,7 @@ def run_worker(
     rank = ParallelRank.of_world_rank(world_rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
         device = _device(config, world_rank)
-        runner = ModelRunner(config, model_path, device, _join(rank, device, store))
+        runner = ModelRunner(config, model_path, device, _join(rank, device, store, parallel.enable_expert_parallel))
         pool = runner.kv_cache
         handle = PoolHandle.export(pool_bytes(pool)).to_dict() if pool.is_cuda else None
         conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, pool, handle))
