@@ -1,4 +1,6 @@
-"""The expert computation as two grouped GEMMs in Triton, over the pairs `align.align_by_expert` sorted by expert.
+# mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
+"""The expert computation as two grouped GEMMs in Triton, over the pairs `align.align_by_expert` sorted by expert (or,
+for a handful of pairs, one pair per block, read from the routing directly).
 
 1. `_gate_up_kernel`: for each block of one expert's pairs and a tile of the intermediate columns, the gate and up
    tiles of `x @ w13[e]^T` side by side, then silu(gate) * up -> act [pairs, I].
@@ -15,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.moe.align import ExpertBlocks, align_by_expert
+from engine.layers.moe.align import align_by_expert
 
 
 @triton.jit
@@ -25,6 +27,8 @@ def _gate_up_kernel(
     act_ptr,
     sorted_pair_ids_ptr,
     block_expert_ids_ptr,
+    first_expert,
+    num_local_experts,
     num_pairs,
     top_k,
     hidden_size,
@@ -38,12 +42,16 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAIR_PER_BLOCK: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ids_ptr + pid_m)
-    if expert < 0:
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32) - first_expert
+    if (expert < 0) | (expert >= num_local_experts):
         return
-    pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if PAIR_PER_BLOCK:
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+    else:
+        pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_mask = pairs < num_pairs
     tokens = pairs // top_k
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,6 +89,8 @@ def _down_kernel(
     pair_weights_ptr,
     sorted_pair_ids_ptr,
     block_expert_ids_ptr,
+    first_expert,
+    num_local_experts,
     num_pairs,
     hidden_size,
     intermediate_size,
@@ -93,12 +103,16 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAIR_PER_BLOCK: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ids_ptr + pid_m)
-    if expert < 0:
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32) - first_expert
+    if (expert < 0) | (expert >= num_local_experts):
         return
-    pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if PAIR_PER_BLOCK:
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+    else:
+        pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_mask = pairs < num_pairs
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < hidden_size
@@ -123,15 +137,15 @@ def _down_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=pair_mask[:, None] & col_mask[None, :])
 
 
-def block_config(num_pairs: int, num_local_experts: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) by the pairs an expert gets on average: small M tiles (and narrow N tiles, for
-    more programs streaming the weights) at decode, wider ones for prefill."""
+def block_config(num_pairs: int, num_local_experts: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) by the pairs an expert gets on average: small M tiles (and narrow N
+    tiles, for more programs streaming the weights) at decode, wider ones for prefill."""
     per_expert = num_pairs / num_local_experts
     if per_expert <= 16:
-        return 16, 32, 128
+        return 16, 32, 128, 4
     if per_expert <= 64:
-        return 32, 64, 64
-    return 64, 128, 64
+        return 32, 64, 64, 4
+    return 64, 128, 64, 8
 
 
 def _check(
@@ -166,18 +180,30 @@ def fused_moe(
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
         return torch.zeros_like(x)
-    block_m, block_n, block_k = block_config(num_pairs, num_experts)
+    block_m, block_n, block_k, num_warps = block_config(num_pairs, num_experts)
+    # NOTE: a few pairs (batch-1 decode: top_k distinct experts) run one block each, straight from topk_ids: the
+    # sort's dozen small launches per layer would cost more than the padding rows' wasted MACs.
+    pair_per_block = num_pairs <= block_m
+    if pair_per_block:
+        pair_ids = topk_ids.contiguous()
+        sorted_pair_ids, block_expert_ids, expert_offset, num_blocks = pair_ids, pair_ids, first_expert, num_pairs
+    else:
+        blocks = align_by_expert(topk_ids, num_experts, first_expert, block_m)
+        sorted_pair_ids, block_expert_ids, expert_offset = blocks.sorted_pair_ids, blocks.block_expert_ids, 0
+        num_blocks = block_expert_ids.shape[0]
     # NOTE: float32 models (the oracle runs) multiply in full precision; tf32 only matters for float32 inputs.
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    blocks: ExpertBlocks = align_by_expert(topk_ids, num_experts, first_expert, block_m)
-    num_blocks = blocks.block_expert_ids.shape[0]
+    # NOTE: float32 tiles take twice the shared memory: two stages of the widest (gate + up) fit where three do not.
+    launch = {"num_warps": num_warps, "num_stages": 2 if x.dtype == torch.float32 else 3}
     act = torch.empty(num_pairs, intermediate, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(num_blocks, triton.cdiv(intermediate, block_n))](
         x,
         w13,
         act,
-        blocks.sorted_pair_ids,
-        blocks.block_expert_ids,
+        sorted_pair_ids,
+        block_expert_ids,
+        expert_offset,
+        num_experts,
         num_pairs,
         top_k,
         hidden,
@@ -189,6 +215,8 @@ def fused_moe(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION=precision,
+        PAIR_PER_BLOCK=pair_per_block,
+        **launch,
     )
     out = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
     pair_weights = topk_weights.to(torch.float32).flatten().contiguous()
@@ -197,8 +225,10 @@ def fused_moe(
         w2,
         out,
         pair_weights,
-        blocks.sorted_pair_ids,
-        blocks.block_expert_ids,
+        sorted_pair_ids,
+        block_expert_ids,
+        expert_offset,
+        num_experts,
         num_pairs,
         hidden,
         intermediate,
@@ -209,5 +239,7 @@ def fused_moe(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION=precision,
+        PAIR_PER_BLOCK=pair_per_block,
+        **launch,
     )
     return out.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
