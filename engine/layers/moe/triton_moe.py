@@ -107,20 +107,23 @@ def _down_kernel(
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32) - first_expert
-    if (expert < 0) | (expert >= num_local_experts):
-        return
+    held = (expert >= 0) & (expert < num_local_experts)
     if PAIR_PER_BLOCK:
+        # NOTE: a pair of another rank's expert writes its zeros (reading nothing), so `out` needs no zero fill.
         pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
     else:
+        if (expert < 0) | (expert >= num_local_experts):
+            return
         pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_mask = pairs < num_pairs
+    k_limit = tl.where(held, intermediate_size, 0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < hidden_size
     w_expert = w2_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, intermediate_size, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < intermediate_size
+        k_mask = ks < k_limit
         a = tl.load(
             act_ptr + pairs.to(tl.int64)[:, None] * stride_at + ks[None, :],
             mask=pair_mask[:, None] & k_mask[None, :],
@@ -218,7 +221,7 @@ def fused_moe(
         PAIR_PER_BLOCK=pair_per_block,
         **launch,
     )
-    out = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
+    out = (torch.empty if pair_per_block else torch.zeros)(num_pairs, hidden, dtype=x.dtype, device=x.device)
     pair_weights = topk_weights.to(torch.float32).flatten().contiguous()
     _down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
         act,
