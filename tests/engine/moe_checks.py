@@ -56,9 +56,11 @@ def check_fused_moe(
 
 
 INTERPRETED_CASES = [
-    # (T, E, k, H, I, ranks): batch 1, a few tokens over many experts, one expert's run spanning blocks (T*k/E > 64),
-    # intermediate and hidden sizes not multiples of the tiles, and two expert-parallel ranks.
+    # (T, E, k, H, I, ranks): batch 1 and a few tokens (one pair per block, two expert-parallel ranks), sorted pairs
+    # over many experts, one expert's run spanning blocks (T*k/E > 64), intermediate and hidden sizes not multiples
+    # of the tiles, and sorted pairs over two expert-parallel ranks.
     (1, 8, 2, 64, 32, 1),
+    (5, 8, 3, 64, 32, 2),
     (37, 16, 4, 64, 48, 1),
     (300, 4, 2, 40, 24, 1),
     (20, 8, 2, 64, 32, 2),
