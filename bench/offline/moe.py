@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-len", type=int, default=256, help="batch-1 tokens timed")
     parser.add_argument("--concurrency", default="64,256", help="W4 requests submitted at once, comma-separated")
     parser.add_argument("--w4-len", type=int, default=128, help="W4 input and output length")
-    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--num-blocks", type=int, default=4608, help="W4 at 256 x (128 + 128) tokens needs 4096")
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
