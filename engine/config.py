@@ -228,6 +228,10 @@ class ParallelConfig:
             "others', NCCL for the rest), nccl (always NCCL)"
         ),
     )
+    enable_expert_parallel: bool = field(
+        default=False,
+        metadata=doc("MoE models: spread the experts over the tensor-parallel ranks (each holds some experts whole)"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):

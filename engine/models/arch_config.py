@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from engine.models.moe_config import MOE_ARCHITECTURES, MoEConfig
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    *MOE_ARCHITECTURES,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +40,8 @@ class ArchConfig:
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
     quantization_config: dict[str, Any] | None
+    moe: MoEConfig | None = None
+    """The expert layers of a mixture-of-experts model; None: every MLP is dense."""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArchConfig:
@@ -44,7 +54,7 @@ class ArchConfig:
         rope = dict(raw.get("rope_parameters") or {})
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         eos = raw.get("eos_token_id")
-        use_sliding = raw.get("use_sliding_window", arch == "MistralForCausalLM")
+        use_sliding = raw.get("use_sliding_window", arch in ("MistralForCausalLM", "MixtralForCausalLM"))
         return cls(
             architecture=arch,
             vocab_size=raw["vocab_size"],
@@ -59,13 +69,14 @@ class ArchConfig:
             rope_scaling=scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             sliding_window=raw.get("sliding_window") if use_sliding else None,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             quantization_config=raw.get("quantization_config"),
+            moe=MoEConfig.from_dict(raw, arch, raw["num_hidden_layers"]) if arch in MOE_ARCHITECTURES else None,
         )
 
     @classmethod

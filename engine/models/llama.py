@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3): GQA, RoPE, RMSNorm, SwiGLU.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and the MoE Qwen3-MoE and Mixtral): GQA, RoPE, RMSNorm,
+SwiGLU, or in a mixture-of-experts model's sparse layers the expert block (`engine.models.moe`).
 
 Module names mirror the HF checkpoints so weights load by name, except the fused projections: q/k/v run as one
 `qkv_proj` GEMM and gate/up as one `gate_up_proj` (the loader maps the checkpoint's tensors onto their rows).
@@ -28,6 +29,7 @@ from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import LinearMethod
 from engine.layers.rotary_embedding import cos_sin_cache
 from engine.models.arch_config import ArchConfig
+from engine.models.moe import SparseMoeBlock
 from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.parallel.layers import (
     ParallelLMHead,
@@ -117,10 +119,15 @@ class LlamaDecoderLayer(nn.Module):
         backend: AttentionBackend,
         linear_method: LinearMethod,
         comm: Communicator,
+        layer_index: int,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, kernels, backend, linear_method, comm)
-        self.mlp = LlamaMLP(cfg, kernels, linear_method, comm)
+        self.mlp: nn.Module
+        if cfg.moe is not None and layer_index in cfg.moe.sparse_layers:
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, kernels.fused_moe, comm)
+        else:
+            self.mlp = LlamaMLP(cfg, kernels, linear_method, comm)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
@@ -167,7 +174,7 @@ class LlamaModel(nn.Module):
         )
         self.stage_layers = rank.stage_layers(cfg.num_layers)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, kernels, backend, linear_method, comm) if i in self.stage_layers else nn.Module()
+            LlamaDecoderLayer(cfg, kernels, backend, linear_method, comm, i) if i in self.stage_layers else nn.Module()
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels) if rank.is_last_stage else None

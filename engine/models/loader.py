@@ -26,6 +26,7 @@ from engine.model_store import GGUF_WEIGHTS
 from engine.models.arch_config import ArchConfig
 from engine.models.gguf_reader import gguf_tensors
 from engine.models.llama import LlamaForCausalLM
+from engine.models.moe import SparseMoeBlock, moe_checkpoint_views
 from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.parallel.weights import load_sharded_weights
 
@@ -119,12 +120,17 @@ def load_weights(model: LlamaForCausalLM, tensors: NamedTensors, source: Path, r
     """Copy every checkpoint tensor into its parameter (or its rows of a stacked one); all must be covered unless
     not `require_all`. A parameter indexed by input channel that several shards load must get equal tensors."""
     params = dict(model.named_parameters())
+    expert_views = moe_checkpoint_views(model)
     loaded: set[str] = set()
     targets: set[str] = set()
     for name, tensor in tensors:
         # NOTE: a tied lm_head is the embedding parameter itself; some checkpoints store it anyway.
         tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
         if name.endswith(_IGNORED_SUFFIXES) or tied_head:
+            continue
+        if name in expert_views:
+            expert_views[name][0].copy_(tensor)
+            loaded.add(name)
             continue
         target = name if name in params else None
         rows = slice(None)
@@ -146,6 +152,10 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """The model's parameters under the checkpoint's names (stacked ones split into views of their shards)."""
     state: dict[str, torch.Tensor] = {}
     for module_name, module in model.named_modules():
+        if isinstance(module, SparseMoeBlock):
+            parent = module_name.rsplit(".", 1)[0]
+            state |= {f"{parent}.{name}": view for name, (view, _) in module.checkpoint_views().items()}
+            continue
         for attr, param in module.named_parameters(recurse=False):
             if isinstance(module, StackedLinear):
                 parent = module_name.rsplit(".", 1)[0]
@@ -177,6 +187,16 @@ def hf_names(model: LlamaForCausalLM) -> list[str]:
     return list(hf_state_dict(model))
 
 
+def _check_moe_weights(folder: Path, cfg: ArchConfig) -> None:
+    """MoE experts load float weights only (their projections are no `Linear`s a quantization could take)."""
+    if cfg.moe is not None and ((folder / GGUF_WEIGHTS).exists() or cfg.quantization_config is not None):
+        raise InvalidArgumentError(
+            "model",
+            f"{folder.name}: a mixture-of-experts model loads float safetensors weights only (no GGUF or "
+            "pre-quantized checkpoint)",
+        )
+
+
 def _check_shardable(folder: Path, cfg: ArchConfig) -> None:
     """Ranks read their slices of float safetensors tensors; packed formats are not sliced (yet)."""
     if (folder / GGUF_WEIGHTS).exists() or cfg.quantization_config is not None:
@@ -198,6 +218,7 @@ def load_model(
     """The model of `folder` (`comm`'s shard) as `model_config` asks: its checkpoint's weights (or random ones for
     load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint."""
     cfg = ArchConfig.from_folder(folder)
+    _check_moe_weights(folder, cfg)
     dummy = model_config.load_format == "dummy"
     quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device, random_weights=dummy)
     if comm.rank.world_size > 1:

@@ -22,10 +22,14 @@ class Communicator:
         rank: ParallelRank,
         tp_group: dist.ProcessGroup | None = None,
         peer_all_reduce: PeerAllReduce | None = None,
+        expert_parallel: bool = False,
     ) -> None:
         self.rank = rank
         self.tp_group = tp_group
         self.peer_all_reduce = peer_all_reduce
+        # NOTE: MoE layers then spread their experts over the TP group (each rank holds some experts whole)
+        # instead of splitting every expert's intermediate rows (`engine.models.moe`).
+        self.expert_parallel = expert_parallel
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the TP group, in place."""

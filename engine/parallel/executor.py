@@ -55,7 +55,9 @@ class ParallelExecutor:
     def __init__(self, config: EngineConfig, model_path: Path) -> None:
         parallel = config.parallel
         self.arch = ArchConfig.from_folder(model_path)
-        check_parallel_sizes(self.arch, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+        check_parallel_sizes(
+            self.arch, parallel.tensor_parallel_size, parallel.pipeline_parallel_size, parallel.enable_expert_parallel
+        )
         self._store_dir = tempfile.TemporaryDirectory(prefix="pdserve-dist-")
         store = Path(self._store_dir.name) / "store"
         ctx = mp.get_context("spawn")

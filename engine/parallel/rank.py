@@ -40,13 +40,21 @@ class ParallelRank(KVRank):
         return range(start, start + base + (self.pp_rank < extra))
 
 
-def check_parallel_sizes(arch: ArchConfig, tp_size: int, pp_size: int) -> None:
-    """Raise InvalidArgumentError naming the model field that `tp_size` / `pp_size` cannot split."""
-    for name, value in (
+def check_parallel_sizes(arch: ArchConfig, tp_size: int, pp_size: int, expert_parallel: bool = False) -> None:
+    """Raise InvalidArgumentError naming the model field that `tp_size` / `pp_size` cannot split (with
+    `expert_parallel`, an MoE model's experts go whole to the TP ranks, else each expert is split)."""
+    sizes = [
         ("num_attention_heads", arch.num_heads),
         ("vocab_size", arch.vocab_size),
         ("intermediate_size", arch.intermediate_size),
-    ):
+    ]
+    if arch.moe is not None:
+        sizes.append(
+            ("num_experts", arch.moe.num_experts)
+            if expert_parallel
+            else ("moe_intermediate_size", arch.moe.moe_intermediate_size)
+        )
+    for name, value in sizes:
         if value % tp_size:
             raise InvalidArgumentError(
                 "tensor_parallel_size", f"{name} {value} is not divisible by tensor_parallel_size {tp_size}"

@@ -10,6 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.layers.linear import StackedLinear
+from engine.models.moe import SparseMoeBlock
 from engine.parallel.layers import CheckpointSlice, ShardedModule
 
 _Target = tuple[torch.Tensor, CheckpointSlice | None]
@@ -17,6 +18,9 @@ _Target = tuple[torch.Tensor, CheckpointSlice | None]
 
 def _module_targets(module_name: str, module: nn.Module) -> dict[str, _Target]:
     targets: dict[str, _Target] = {}
+    if isinstance(module, SparseMoeBlock):
+        parent = module_name.rsplit(".", 1)[0]
+        return {f"{parent}.{name}": target for name, target in module.checkpoint_views().items()}
     for attr, param in module.named_parameters(recurse=False):
         if isinstance(module, StackedLinear):
             parent = module_name.rsplit(".", 1)[0]

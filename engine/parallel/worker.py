@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from common.child_process import die_with_parent
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ParallelConfig
 from engine.model_runner import ModelRunner, resolve_device
 from engine.parallel.communicator import Communicator
 from engine.parallel.peer_all_reduce import PeerAllReduce
@@ -65,7 +65,7 @@ def output_rank(tp_size: int, pp_size: int) -> int:
     return (pp_size - 1) * tp_size
 
 
-def _join(rank: ParallelRank, device: torch.device, store: Path, all_reduce: str) -> Communicator:
+def _join(rank: ParallelRank, device: torch.device, store: Path, parallel: ParallelConfig) -> Communicator:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -81,12 +81,14 @@ def _join(rank: ParallelRank, device: torch.device, store: Path, all_reduce: str
         if stage == rank.pp_rank:
             tp_group = group
     assert tp_group is not None
-    if device.type != "cuda" or rank.tp_size == 1 or all_reduce == "nccl":
-        return Communicator(rank, tp_group)
+    expert_parallel = parallel.enable_expert_parallel
+    if device.type != "cuda" or rank.tp_size == 1 or parallel.all_reduce == "nccl":
+        return Communicator(rank, tp_group, expert_parallel=expert_parallel)
     # NOTE: rank r of the stage sits on the device r places after its stage's first (see _device).
     first = (device.index or 0) - rank.tp_rank
     peers = [torch.device("cuda", first + tp_rank) for tp_rank in range(rank.tp_size)]
-    return Communicator(rank, tp_group, PeerAllReduce.create(tp_group, device, peers))
+    peer_all_reduce = PeerAllReduce.create(tp_group, device, peers)
+    return Communicator(rank, tp_group, peer_all_reduce, expert_parallel)
 
 
 def _device(config: EngineConfig, world_rank: int) -> torch.device:
@@ -136,7 +138,7 @@ def run_worker(
     rank = ParallelRank.of_world_rank(world_rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
         device = _device(config, world_rank)
-        runner = ModelRunner(config, model_path, device, _join(rank, device, store, parallel.all_reduce))
+        runner = ModelRunner(config, model_path, device, _join(rank, device, store, parallel))
         pool = runner.kv_cache
         handle = PoolHandle.export(pool_bytes(pool)).to_dict() if pool.is_cuda else None
         conn.send(WorkerReady(runner.num_blocks, runner.max_model_len, str(device), runner.dtype, pool, handle))

@@ -9,9 +9,11 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 _COMMON = dict(
@@ -37,12 +39,30 @@ TINY_CONFIGS: dict[str, PretrainedConfig] = {
     ),
     "qwen2": Qwen2Config(**_COMMON),
     "qwen3": Qwen3Config(**_COMMON, head_dim=32),
+    # Mixture-of-experts: Qwen3-MoE with one dense layer between two sparse ones and renormalized top-k weights;
+    # Mixtral (always renormalized) with fewer, wider experts.
+    "qwen3_moe": Qwen3MoeConfig(
+        **{**_COMMON, "num_hidden_layers": 3},
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+    ),
+    "mixtral": MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2),
 }
 
 
-def save_tiny_model(name: str, folder: Path, seed: int = 0) -> Path:
+# NOTE: seeds whose routing is far from ties: over make_prompts' greedy runs the k-th and (k+1)-th expert
+# probabilities of every token stay >= 5e-6 apart (qwen3_moe's seed 0 came within 5e-7), so float32 rounding
+# differences between the engine and transformers cannot flip an expert choice.
+_SEEDS = {"qwen3_moe": 2}
+
+
+def save_tiny_model(name: str, folder: Path, seed: int | None = None) -> Path:
     """Create the named random-weight model in float32 and save it (config.json + safetensors)."""
-    torch.manual_seed(seed)
+    torch.manual_seed(_SEEDS.get(name, 0) if seed is None else seed)
     model = AutoModelForCausalLM.from_config(TINY_CONFIGS[name], dtype=torch.float32)
     model.save_pretrained(folder)
     return folder

@@ -1,0 +1,87 @@
+"""The sparse MoE block of Qwen3-MoE and Mixtral: a router picks each token's top-k experts, each expert is a SwiGLU
+MLP, and the block returns the routing-weighted sum of the experts' outputs.
+
+Weights: the router [E, H] (replicated), and the experts stacked as `w13` [E_local, 2 I_local, H] (gate rows, then up
+rows) and `w2` [E_local, H, I_local]; `checkpoint_views` maps the checkpoint's per-expert tensors
+(`<prefix>.experts.<e>.<gate|up|down>.weight`, as transformers' `save_pretrained` writes them) onto views of them.
+
+Parallelism (over the TP group; the activations entering the block are replicated on every rank):
+- tensor parallel (default): every rank holds every expert, its slice of each expert's intermediate rows (as a
+  dense MLP's gate/up/down split);
+- expert parallel (`enable_expert_parallel`): every rank holds num_experts / tp_size experts whole.
+Either way each rank computes its part of every token's output and one all-reduce sums the parts. Expert parallel
+as this simplest correct form: each rank routes all tokens (the router is replicated) and skips the pairs of experts
+it does not hold; no all-to-all dispatch (that pays only once activations are not replicated, i.e. with data
+parallel attention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.moe.routing import select_experts
+from engine.models.moe_config import MoEConfig
+from engine.parallel.communicator import Communicator
+from engine.parallel.layers import CheckpointSlice
+
+FusedMoE = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""(x, w13, w2, topk_weights, topk_ids, first_expert) -> [T, H]: `engine.layers.moe.torch_moe.fused_moe`."""
+
+CheckpointViews = dict[str, tuple[torch.Tensor, CheckpointSlice | None]]
+
+
+def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
+    bound = 1 / math.sqrt(fan_in)
+    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound), requires_grad=False)
+
+
+class SparseMoeBlock(nn.Module):
+    """Holds its parameters itself (no submodules): their checkpoint names come from `checkpoint_views` only."""
+
+    def __init__(self, moe: MoEConfig, hidden_size: int, fused_moe: FusedMoE, comm: Communicator) -> None:
+        super().__init__()
+        self.moe, self.fused_moe, self.comm = moe, fused_moe, comm
+        rank = comm.rank
+        if comm.expert_parallel:
+            self.experts, self.rows = rank.split(moe.num_experts), slice(0, moe.moe_intermediate_size)
+        else:
+            self.experts, self.rows = slice(0, moe.num_experts), rank.split(moe.moe_intermediate_size)
+        num_local, intermediate = self.experts.stop - self.experts.start, self.rows.stop - self.rows.start
+        self.intermediate = intermediate
+        self.gate_weight = _uniform((moe.num_experts, hidden_size), hidden_size)
+        self.w13 = _uniform((num_local, 2 * intermediate, hidden_size), hidden_size)
+        self.w2 = _uniform((num_local, hidden_size, intermediate), moe.moe_intermediate_size)
+
+    def checkpoint_views(self) -> CheckpointViews:
+        """Checkpoint tensor name (relative to the decoder layer) -> (the view of a parameter it loads into, the part
+        of it this rank reads)."""
+        prefix, (gate, up, down), i = self.moe.checkpoint_prefix, self.moe.expert_names, self.intermediate
+        views: CheckpointViews = {f"{prefix}.gate.weight": (self.gate_weight, None)}
+        for local, expert in enumerate(range(self.experts.start, self.experts.stop)):
+            name = f"{prefix}.experts.{expert}"
+            views[f"{name}.{gate}.weight"] = (self.w13[local, :i], CheckpointSlice(0, self.rows))
+            views[f"{name}.{up}.weight"] = (self.w13[local, i:], CheckpointSlice(0, self.rows))
+            views[f"{name}.{down}.weight"] = (self.w2[local], CheckpointSlice(1, self.rows))
+        return views
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(
+            F.linear(x, self.gate_weight), self.moe.num_experts_per_tok, self.moe.norm_topk_prob
+        )
+        out = self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.experts.start)
+        return self.comm.all_reduce(out)
+
+
+def moe_checkpoint_views(model: nn.Module) -> CheckpointViews:
+    """Every MoE block's checkpoint views in `model`, under full checkpoint names."""
+    views: CheckpointViews = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SparseMoeBlock):
+            parent = name.rsplit(".", 1)[0]
+            views |= {f"{parent}.{key}": view for key, view in module.checkpoint_views().items()}
+    return views
