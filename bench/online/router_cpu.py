@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from bench.online.cluster_target import write_synthetic_tokenizer
 from bench.online.load_driver import RunResult, merge, run_closed_loop
 from bench.online.process_cpu import CpuSnapshot
 from bench.online.router_client import RouterTarget
 from bench.workloads import RequestSpec
 from cli.redis_server import RedisServer
+from router.pods.pod_client import PodClient
 
 MODEL = "shape:qwen3-0.6b"
 _VOCAB = 4096
@@ -93,22 +91,20 @@ def _wait_for_line(process: subprocess.Popen[bytes], log: Path, text: str, timeo
     deadline = time.monotonic() + timeout_s
     while text not in log.read_text(errors="replace"):
         if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{process.args} did not print {text!r}: {log.read_text(errors='replace')[-2000:]}")
+            raise RuntimeError(f"{process.args!r} did not print {text!r}: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.1)
 
 
 async def _wait_serving(address: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+    router = PodClient("router", address)
+    try:
+        while not await router.is_serving(1.0):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the router at {address} is not SERVING after {timeout_s} s")
             await asyncio.sleep(0.2)
+    finally:
+        await router.aclose()
 
 
 @contextlib.contextmanager
@@ -167,6 +163,11 @@ def _jobs(args: argparse.Namespace, address: str, num: int, seed: int, prefix: s
     ]
 
 
+def _num_messages(run: RunResult) -> int:
+    """Messages that carried tokens, over the completed streams (each message stamps its tokens with one time)."""
+    return sum(len(set(record.timing.token_times)) for record in run.completed)
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="router-cpu-") as tmp, _cluster(args, Path(tmp)) as (address, router, pods):
         context = multiprocessing.get_context("spawn")
@@ -193,6 +194,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "failed": run.num_failed,
             "errors": sorted({r.error for r in run.records if r.error})[:5],
             "wall_s": round(run.duration_s, 3),
+            "client_messages_per_stream": round(_num_messages(run) / max(completed, 1), 2),
             "streams_per_s": round(completed / run.duration_s, 1),
             "router_cpu_ms_per_stream": round(router_s * per_stream, 3),
             "router_cores": round(router_s / run.duration_s, 2),

@@ -31,7 +31,7 @@ from kv_transfer.target import KVTarget
 from router.completion.migration import LegInput
 from router.completion.prefill_tail import cancel_and_wait, result_within, transfer_done
 from router.completion.run_context import PromptPlan, RunContext
-from router.outputs import DecodeStep, FirstToken, TransferDone
+from router.outputs import DecodeRequest, DecodeStep, FirstToken, TransferDone
 from router.pods.decode_stream import DecodeCollector
 from router.pods.pod_errors import PodCallFailed
 
@@ -141,12 +141,14 @@ class CompletionLeg:
         assert self._target is not None and self._prefill_stream is not None
         client = self._ctx.pods.client(self.decode_pod)
         collector = client.start_decode(
-            self.request_id,
-            self._target.transfer_id,
-            self._input.token_ids,
-            first_token_id,
-            self._input.params,
-            self._plan.cache_salt,
+            DecodeRequest(
+                self.request_id,
+                self._target.transfer_id,
+                self._input.token_ids,
+                first_token_id,
+                self._input.params,
+                self._plan.cache_salt,
+            )
         )
         self._stack.callback(client.cancel_decode, collector)
         self._transfer = asyncio.create_task(self._transfer_done(collector), name=f"transfer-{self.request_id}")
