@@ -53,6 +53,7 @@ class ClientJob:
     texts: tuple[str, ...]
     output_len: int
     concurrency: int
+    num_connections: int
     id_prefix: str
 
 
@@ -64,7 +65,7 @@ def _run_client(job: ClientJob) -> tuple[RunResult, float]:
 
 
 async def _client(job: ClientJob) -> RunResult:
-    async with RouterTarget(job.address, 120.0, num_connections=4) as router:
+    async with RouterTarget(job.address, 120.0, job.num_connections) as router:
         return await run_closed_loop(
             lambda i: router.generate(RequestSpec([], job.output_len), f"{job.id_prefix}-{i}", job.texts[i]),
             len(job.texts),
@@ -113,12 +114,14 @@ def _cluster(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, sub
     processes: list[subprocess.Popen[bytes]] = []
     with RedisServer() as redis:
         try:
-            for role in ("prefill", "decode"):
-                log = workdir / f"{role}.log"
-                command = [sys.executable, "-m", "bench.online.standin_pods", "--role", role]
+            logs = [workdir / f"{role}-{i}.log" for i in range(args.num_pods) for role in ("prefill", "decode")]
+            for log in logs:
+                role, pod_id = log.stem.split("-")[0], log.stem
+                command = [sys.executable, "-m", "bench.online.standin_pods", "--role", role, "--pod-id", pod_id]
                 command += ["--redis-url", redis.url, "--model", MODEL, "--step-ms", str(args.step_ms)]
                 processes.append(_start(command, log))
-                _wait_for_line(processes[-1], log, "serving on", 60)
+            for process, log in zip(processes, logs, strict=True):
+                _wait_for_line(process, log, "serving on", 60)
             tokenizer = write_synthetic_tokenizer(workdir / "tokenizer", _VOCAB)
             address = f"127.0.0.1:{_free_port()}"
             command = [sys.executable, "-m", "router", "--port", address.rsplit(":", 1)[1], "--redis-url", redis.url]
@@ -127,7 +130,7 @@ def _cluster(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, sub
             router = _start(command, workdir / "router.log")
             processes.append(router)
             asyncio.run(_wait_serving(address, 120))
-            yield address, router, [p.pid for p in processes[:2]]
+            yield address, router, [p.pid for p in processes[:-1]]
         finally:
             for process in reversed(processes):
                 process.terminate()
@@ -157,7 +160,7 @@ def _jobs(args: argparse.Namespace, address: str, num: int, seed: int, prefix: s
     procs = args.client_procs
     per_proc = [args.concurrency // procs + (k < args.concurrency % procs) for k in range(procs)]
     return [
-        ClientJob(address, texts[k::procs], args.output_len, per_proc[k], f"{prefix}-{k}")
+        ClientJob(address, texts[k::procs], args.output_len, per_proc[k], args.connections, f"{prefix}-{k}")
         for k in range(procs)
         if per_proc[k]
     ]
@@ -190,6 +193,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "step_ms": args.step_ms,
+            "num_pods": args.num_pods,
+            "client_procs": args.client_procs,
             "completed": completed,
             "failed": run.num_failed,
             "errors": sorted({r.error for r in run.records if r.error})[:5],
@@ -213,6 +218,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=4, help="connections to the router per client process")
+    parser.add_argument("--num-pods", type=int, default=1, help="stand-in prefill pods, and as many decode pods")
     parser.add_argument("--step-ms", type=float, default=4.0, help="the stand-in decode pod's step period")
     parser.add_argument("--router-arg", action="append", default=[], help="one more router flag (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
