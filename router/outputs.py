@@ -1,4 +1,4 @@
-"""Plain values the router's core exchanges: what pods answer and what a Generate stream carries.
+"""Plain values the router's core exchanges: what it asks pods, what they answer and what a Generate stream carries.
 
 Protobuf conversion happens at the edges (`router.pods.pod_client` for the pods, `router.server` for
 clients); everything between sees these.
@@ -6,9 +6,11 @@ clients); everything between sees these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.proto_convert import FinishReason, StopReason
+from common.sampling_params import SamplingParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,6 +32,19 @@ class TransferDone:
     num_blocks: int
     num_bytes: int
     duration_s: float
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeRequest:
+    """What a decode pod needs to decode a request from its second token on, once its prompt's KV is on the way."""
+
+    request_id: str
+    transfer_id: str
+    """The decode pod's reservation that the prompt's KV goes to."""
+    prompt_token_ids: Sequence[int]
+    first_token_id: int
+    params: SamplingParams
+    cache_salt: str | None
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,7 +23,7 @@ from client.generation_client import build_request
 from common.errors import PdserveError
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from router.outputs import FirstToken, TransferDone
+from router.outputs import DecodeRequest, FirstToken, TransferDone
 from router.pods.pod_client import PodClient
 from router.pods.pod_errors import PodCallFailed
 
@@ -151,7 +151,9 @@ class PodDirectTarget:
                 return
             transfer = asyncio.create_task(_transfer_done(stream))
             try:
-                steps = decode.decode(request_id, reservation.transfer_id, prompt, first.token_id, params, None)
+                steps = decode.decode(
+                    DecodeRequest(request_id, reservation.transfer_id, prompt, first.token_id, params, None)
+                )
                 async for step in steps:
                     now = time.monotonic()
                     record.timing.token_times.extend(now for _ in step.token_ids)

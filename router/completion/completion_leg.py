@@ -2,10 +2,10 @@
 
 1. `open`: Reserve the prompt's KV blocks on the decode pod (counted on it from the pick), start Prefill with that
    KV target, and wait for the Prefill stream's first message, the first token.
-2. `decode`: decode the request on the reserving pod's DecodeStream (the reservation counts as claimed once the
+2. `start_decode`: decode the request on the reserving pod's DecodeStream (the reservation counts as claimed once the
    completion `finished`), while the rest of the Prefill stream (the KV transfer's end) is read beside it; a transfer
-   that fails fails the decode too (the pod would wait for blocks that never come). Yields the decode steps (each
-   holds every token that arrived since the last) up to the one with a finish reason.
+   that fails fails the decode too (the pod would wait for blocks that never come). `next_step` gives the decode
+   steps (each holds every token that arrived since the last) up to the one with a finish reason.
 3. `aclose`: cancel whatever pod call or decode is still open and Release a reservation that no decode claimed, on a
    task of its own so that a second cancellation cannot strand it; a leg cancelled mid-Reserve Releases what the pod
    reserved once Reserve answers.
@@ -31,7 +31,7 @@ from kv_transfer.target import KVTarget
 from router.completion.migration import LegInput
 from router.completion.prefill_tail import cancel_and_wait, result_within, transfer_done
 from router.completion.run_context import PromptPlan, RunContext
-from router.outputs import DecodeStep, FirstToken, TransferDone
+from router.outputs import DecodeRequest, DecodeStep, FirstToken, TransferDone
 from router.pods.decode_stream import DecodeCollector
 from router.pods.pod_errors import PodCallFailed
 
@@ -90,6 +90,7 @@ class CompletionLeg:
         self._claimed = False
         self._prefill_stream: AsyncGenerator[FirstToken | TransferDone, None] | None = None
         self._transfer: asyncio.Task[TransferDone | None] | None = None
+        self._collector: DecodeCollector | None = None
 
     async def open(self) -> FirstToken:
         """Reserve + Prefill up to the first token; raises LegFailed or DecodePodFull (see the module docstring)."""
@@ -113,7 +114,7 @@ class CompletionLeg:
             except ResourceExhaustedError as exc:
                 # NOTE: only Reserve's; a prefill pod's RESOURCE_EXHAUSTED (overload) reaches the client as it is.
                 raise DecodePodFull(str(exc)) from exc
-        self._stack.push_async_callback(lambda: asyncio.shield(self._release_in_background()))
+        self._stack.push_async_callback(self._release_unless_claimed)
         self._check_generation(self._target)
         stream = self._ctx.pods.client(self.prefill_pod).prefill(
             self.request_id,
@@ -136,27 +137,36 @@ class CompletionLeg:
             raise LegFailed(self.prefill_pod.pod_id, f"prefill pod {self.prefill_pod.pod_id} sent no first token")
         return first
 
-    async def decode(self, first_token_id: int) -> AsyncGenerator[DecodeStep, None]:
-        """The decode steps from the second token on, up to the one with a finish reason; raises LegFailed."""
+    def start_decode(self, first_token_id: int) -> None:
+        """Decode the request on the reserving pod's DecodeStream from the second token on; take its steps with
+        `next_step`."""
         assert self._target is not None and self._prefill_stream is not None
         client = self._ctx.pods.client(self.decode_pod)
-        collector = client.start_decode(
-            self.request_id,
-            self._target.transfer_id,
-            self._input.token_ids,
-            first_token_id,
-            self._input.params,
-            self._plan.cache_salt,
+        self._collector = collector = client.start_decode(
+            DecodeRequest(
+                self.request_id,
+                self._target.transfer_id,
+                self._input.token_ids,
+                first_token_id,
+                self._input.params,
+                self._plan.cache_salt,
+            )
         )
         self._stack.callback(client.cancel_decode, collector)
         self._transfer = asyncio.create_task(self._transfer_done(collector), name=f"transfer-{self.request_id}")
         self._stack.push_async_callback(cancel_and_wait, self._transfer)
-        while True:
+
+    async def next_step(self) -> DecodeStep:
+        """Every decode token that arrived since the last call (at least one), or the step with the finish reason;
+        raises LegFailed. NOTE: a coroutine, not a generator: no layer between the DecodeStream's collector and the
+        completion's consumer."""
+        assert self._collector is not None
+        try:
+            return await self._collector.next_step()
+        except (UnavailableError, PodCallFailed):
+            # NOTE: blamed_on's classification, without a context manager's generator per step.
             with blamed_on(self.decode_pod.pod_id):
-                step = await collector.next_step()
-            yield step
-            if step.finish_reason is not None:
-                return
+                raise
 
     def finished(self) -> None:
         """The completion ended on this leg's Decode (a finish reason, or a stop string the router matched): the pod
@@ -197,6 +207,12 @@ class CompletionLeg:
         if not reserving.cancelled() and reserving.exception() is None:
             self._target = reserving.result()
             self._release_in_background()
+
+    async def _release_unless_claimed(self) -> None:
+        """The leg's close: Release an unclaimed reservation (on a task of its own, see the module docstring); a claimed
+        one (the common case) needs no task at all."""
+        if not self._claimed:
+            await asyncio.shield(self._release_in_background())
 
     def _release_in_background(self) -> asyncio.Task[None]:
         task = asyncio.create_task(self._release_unclaimed(), name=f"release-{self.request_id}")

@@ -23,7 +23,6 @@ Leaving early (an error, or the client's cancellation cancelling this generator)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator
@@ -79,6 +78,8 @@ class CompletionRun:
             context.tokenizer, plan.token_ids, params.stop, params.include_stop_str_in_output
         )
         self._progress = _Progress()
+        self._last_token_at = 0.0
+        """When the leg's last token reached the router (each step's time per output token is measured from it)."""
 
     async def run(self) -> AsyncGenerator[CompletionChunk, None]:
         progress = self._progress
@@ -93,8 +94,14 @@ class CompletionRun:
             progress.num_attempts += 1
             leg = self._leg(leg_input)
             try:
-                async with contextlib.aclosing(self._run_leg(leg, leg_input)) as chunks:
-                    async for chunk in chunks:
+                first, chunk = await self._open(leg, leg_input)
+                yield chunk
+                if chunk.finish_reason is None:
+                    # NOTE: the decode steps come straight from the leg (a coroutine per step, no generator layer).
+                    leg.start_decode(first.token_id)
+                    self._last_token_at = self._ctx.clock()
+                    while chunk.finish_reason is None:
+                        chunk = await self._next_chunk(leg)
                         yield chunk
                 return
             except DecodePodFull:
@@ -104,7 +111,8 @@ class CompletionRun:
             finally:
                 await leg.aclose()
 
-    async def _run_leg(self, leg: CompletionLeg, leg_input: LegInput) -> AsyncGenerator[CompletionChunk, None]:
+    async def _open(self, leg: CompletionLeg, leg_input: LegInput) -> tuple[FirstToken, CompletionChunk]:
+        """Open the leg up to its first token; that token and the client's chunk of it."""
         first = await leg.open()
         if self._progress.first is None:
             self._progress.first = first
@@ -114,24 +122,22 @@ class CompletionRun:
         step = DecodeStep((first.token_id,), logprobs, first.finish_reason, first.stop_reason)
         if step.finish_reason is None and leg_input.params.max_tokens == 1:
             step = DecodeStep(step.token_ids, step.logprobs, "length")
+        return first, self._chunk(step, leg)
+
+    async def _next_chunk(self, leg: CompletionLeg) -> CompletionChunk:
+        """The client's chunk of the leg's next decode step; the last one (with the transfer's figures) when it
+        finishes the completion."""
+        step = await leg.next_step()
+        if self._progress.time_to_first_decode_token_s is None:
+            self._progress.time_to_first_decode_token_s = self._elapsed()
+        now = self._ctx.clock()
+        self._ctx.metrics.observe_output_tokens(len(step.token_ids), now - self._last_token_at)
+        self._last_token_at = now
         chunk = self._chunk(step, leg)
-        yield chunk
-        if chunk.finish_reason is not None:
-            return
-        last_token_at = self._ctx.clock()
-        async with contextlib.aclosing(leg.decode(first.token_id)) as steps:
-            async for step in steps:
-                if self._progress.time_to_first_decode_token_s is None:
-                    self._progress.time_to_first_decode_token_s = self._elapsed()
-                now = self._ctx.clock()
-                self._ctx.metrics.observe_output_tokens(len(step.token_ids), now - last_token_at)
-                last_token_at = now
-                chunk = self._chunk(step, leg)
-                if chunk.finish_reason is not None:
-                    leg.finished()
-                    yield dataclasses.replace(chunk, metrics=self._metrics(leg, await leg.transfer_result()))
-                    return
-                yield chunk
+        if chunk.finish_reason is None:
+            return chunk
+        leg.finished()
+        return dataclasses.replace(chunk, metrics=self._metrics(leg, await leg.transfer_result()))
 
     def _chunk(self, step: DecodeStep, leg: CompletionLeg) -> CompletionChunk:
         """The client's chunk of `step` (its tokens now count as emitted); the last one when it finishes."""

@@ -26,12 +26,18 @@ async def transfer_done(prefill_stream: AsyncIterator[FirstToken | TransferDone]
 
 async def result_within(task: asyncio.Task[TransferDone | None], timeout_s: float) -> TransferDone | None:
     """The task's result if it ends within `timeout_s` without error; None otherwise."""
-    done, _ = await asyncio.wait((task,), timeout=timeout_s)
-    if not done or task.cancelled() or task.exception() is not None:
+    # NOTE: the transfer usually ended long before the completion: no wait (a future and a timer) for it then.
+    if not task.done():
+        await asyncio.wait((task,), timeout=timeout_s)
+    if not task.done() or task.cancelled() or task.exception() is not None:
         return None
     return task.result()
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    if task.done():
+        if not task.cancelled():
+            task.exception()  # NOTE: marks a failure as retrieved (the leg reported it already)
+        return
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -40,6 +40,7 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
+from router.admission.admission import Ticket
 from router.completion.completion_run import CompletionRun
 from router.completion.input_checks import InputChecks
 from router.completion.run_context import PromptPlan, RunContext
@@ -117,78 +118,64 @@ class RequestLifecycle:
 
     async def generate(self, request: GenerateInput, timeout_s: float | None) -> AsyncGenerator[CompletionChunk, None]:
         """The call's chunks, completions interleaved, in a "generate" span with the GenAI request and usage
-        attributes (child of the gRPC SERVER span); raises pdserve errors (or a pod's AioRpcError)."""
+        attributes (child of the gRPC SERVER span); raises pdserve errors (or a pod's AioRpcError).
+        NOTE: one generator layer between the servicer and the completions (each layer costs every message of the
+        stream a resumption)."""
         arrival = self._ctx.clock()
         params = request.params
+        admission = self._ctx.admission
         with (
-            self._ctx.tracing.span(
-                "generate",
-                {
-                    GEN_AI_OPERATION_NAME: GEN_AI_OPERATION_CHAT
-                    if request.messages is not None
-                    else GEN_AI_OPERATION_TEXT_COMPLETION,
-                    GEN_AI_REQUEST_MODEL: self._model.model_id,
-                    GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
-                    GEN_AI_REQUEST_TEMPERATURE: params.temperature,
-                    GEN_AI_REQUEST_TOP_P: params.top_p,
-                    PDSERVE_REQUEST_ID: request.request_id,
-                },
-            ) as span,
+            self._ctx.tracing.span("generate", _span_attributes(request, self._model.model_id)) as span,
             self.running.running(request.request_id),
         ):
-            finish_reasons: list[str] = []
-            async with contextlib.aclosing(self._generate(request, arrival, timeout_s)) as chunks:
-                async for chunk in chunks:
-                    if chunk.finish_reason is not None:
-                        finish_reasons.append(chunk.finish_reason)
-                    if chunk.usage is not None:
-                        span.set_attributes(
-                            {
-                                GEN_AI_USAGE_INPUT_TOKENS: chunk.usage.prompt_tokens,
-                                GEN_AI_USAGE_OUTPUT_TOKENS: chunk.usage.completion_tokens,
-                                GEN_AI_RESPONSE_FINISH_REASONS: finish_reasons,
-                            }
-                        )
-                    yield chunk
+            ticket = admission.enter(request.client_id, timeout_s)
+            try:
+                token_ids, runs = await self._start(request, ticket, arrival, timeout_s)
+                finish_reasons: list[str] = []
+                num_completion_tokens = 0
+                num_cached_tokens = len(token_ids)
+                async with contextlib.aclosing(_merged(runs)) as chunks:
+                    async for chunk in chunks:
+                        admission.start(ticket)
+                        num_completion_tokens += len(chunk.token_ids)
+                        if chunk.finish_reason is not None:
+                            finish_reasons.append(chunk.finish_reason)
+                            # NOTE: each completion prefilled the prompt; report what every one of them reused.
+                            num_cached_tokens = min(num_cached_tokens, chunk.num_cached_tokens)
+                            if len(finish_reasons) == params.n:
+                                usage = Usage(len(token_ids), num_completion_tokens, num_cached_tokens)
+                                chunk = dataclasses.replace(chunk, usage=usage)
+                                span.set_attributes(
+                                    {
+                                        GEN_AI_USAGE_INPUT_TOKENS: usage.prompt_tokens,
+                                        GEN_AI_USAGE_OUTPUT_TOKENS: usage.completion_tokens,
+                                        GEN_AI_RESPONSE_FINISH_REASONS: finish_reasons,
+                                    }
+                                )
+                        yield chunk
+            finally:
+                admission.leave(ticket)
 
-    async def _generate(
-        self, request: GenerateInput, arrival: float, timeout_s: float | None
-    ) -> AsyncGenerator[CompletionChunk, None]:
+    async def _start(
+        self, request: GenerateInput, ticket: Ticket, arrival: float, timeout_s: float | None
+    ) -> tuple[list[int], list[AsyncGenerator[CompletionChunk, None]]]:
+        """Check and tokenize the call, wait for its turn in the router's queue, plan it; its prompt's token ids and
+        its completions' runs."""
         params = request.params
-        admission = self._ctx.admission
-        ticket = admission.enter(request.client_id, timeout_s)
-        try:
-            self._checks.check_ids(request.request_id, request.cache_salt)
-            self._checks.check_params(params)
-            with self._ctx.tracing.span("tokenize") as span:
-                token_ids = await self._prompt_token_ids(request)
-                span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
-            self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
-            deadline = None if timeout_s is None else arrival + timeout_s
-            with self._ctx.tracing.span("queue"):
-                await admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
-            plan = await self._plan(request, token_ids, arrival, deadline)
-            runs = [
-                CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run()
-                for index in range(params.n)
-            ]
-            num_open = params.n
-            num_completion_tokens = 0
-            num_cached_tokens = len(token_ids)
-            async with contextlib.aclosing(_merged(runs)) as chunks:
-                async for chunk in chunks:
-                    admission.start(ticket)
-                    num_completion_tokens += len(chunk.token_ids)
-                    if chunk.finish_reason is not None:
-                        num_open -= 1
-                        # NOTE: each completion prefilled the prompt; report what every one of them reused.
-                        num_cached_tokens = min(num_cached_tokens, chunk.num_cached_tokens)
-                    if num_open == 0:
-                        usage = Usage(len(token_ids), num_completion_tokens, num_cached_tokens)
-                        chunk = dataclasses.replace(chunk, usage=usage)
-                    yield chunk
-        finally:
-            admission.leave(ticket)
+        self._checks.check_ids(request.request_id, request.cache_salt)
+        self._checks.check_params(params)
+        with self._ctx.tracing.span("tokenize") as span:
+            token_ids = await self._prompt_token_ids(request)
+            span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
+        self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
+        deadline = None if timeout_s is None else arrival + timeout_s
+        with self._ctx.tracing.span("queue"):
+            await self._ctx.admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
+        plan = await self._plan(request, token_ids, arrival, deadline)
+        runs = [
+            CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run() for index in range(params.n)
+        ]
+        return token_ids, runs
 
     async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
         if request.token_ids is None:
@@ -239,6 +226,20 @@ class RequestLifecycle:
         )
 
 
+def _span_attributes(request: GenerateInput, model_id: str) -> dict[str, str | int | float]:
+    params = request.params
+    return {
+        GEN_AI_OPERATION_NAME: GEN_AI_OPERATION_CHAT
+        if request.messages is not None
+        else GEN_AI_OPERATION_TEXT_COMPLETION,
+        GEN_AI_REQUEST_MODEL: model_id,
+        GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+        GEN_AI_REQUEST_TEMPERATURE: params.temperature,
+        GEN_AI_REQUEST_TOP_P: params.top_p,
+        PDSERVE_REQUEST_ID: request.request_id,
+    }
+
+
 def _prompt_field(request: GenerateInput) -> str:
     if request.token_ids is not None:
         return "token_ids"
@@ -249,14 +250,14 @@ def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, n=1, seed=completion_seed(params.seed, index))
 
 
-async def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:
+def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:
+    """The runs' chunks as they come (a lone run as it is: no layer between it and its consumer)."""
+    return runs[0] if len(runs) == 1 else _interleaved(runs)
+
+
+async def _interleaved(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:
     """The runs' chunks as they come. An error in one run ends the stream with that error; closing the
     stream (or an error) cancels every run still going."""
-    if len(runs) == 1:
-        async with contextlib.aclosing(runs[0]) as chunks:
-            async for chunk in chunks:
-                yield chunk
-        return
     queue: asyncio.Queue[CompletionChunk | BaseException | None] = asyncio.Queue()
 
     async def pump(run: AsyncGenerator[CompletionChunk, None]) -> None:

@@ -25,10 +25,9 @@ import grpc.aio
 
 from common.errors import UnavailableError
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
-from common.sampling_params import SamplingParams
 from common.telemetry import context_carrier
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
-from router.outputs import DecodeStep
+from router.outputs import DecodeRequest, DecodeStep
 from router.pods.pod_errors import pod_error, rpc_error
 
 logger = logging.getLogger(__name__)
@@ -100,15 +99,7 @@ class DecodeMux:
         self.closed = False
         """The stream failed or was closed: a new request needs a new mux."""
 
-    def start(
-        self,
-        request_id: str,
-        transfer_id: str,
-        prompt_token_ids: Sequence[int],
-        first_token_id: int,
-        params: SamplingParams,
-        cache_salt: str | None,
-    ) -> DecodeCollector:
+    def start(self, request: DecodeRequest) -> DecodeCollector:
         """Decode a request on this stream (opening it first if this is its first request)."""
         if self._reader is None:
             call = self._stub.DecodeStream(self._frames())
@@ -117,12 +108,12 @@ class DecodeMux:
         collector = self._collectors[key] = DecodeCollector(key)
         start = decode_pb2.DecodeStart(
             key=key,
-            request_id=request_id,
-            transfer_id=transfer_id,
-            prompt_token_ids=prompt_token_ids,
-            first_token_id=first_token_id,
-            sampling_params=sampling_params_to_pb(params),
-            cache_salt=cache_salt,
+            request_id=request.request_id,
+            transfer_id=request.transfer_id,
+            prompt_token_ids=request.prompt_token_ids,
+            first_token_id=request.first_token_id,
+            sampling_params=sampling_params_to_pb(request.params),
+            cache_salt=request.cache_salt,
             trace_context=context_carrier(),
         )
         self._outbox.put_nowait(decode_pb2.DecodeStreamRequest(start=start))

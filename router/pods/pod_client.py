@@ -22,7 +22,7 @@ from common.tls import ChannelSecurity
 from kv_transfer.target import KVTarget
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from pod.convert import kv_target_from_pb, kv_target_to_pb
-from router.outputs import DecodeStep, FirstToken, TransferDone
+from router.outputs import DecodeRequest, DecodeStep, FirstToken, TransferDone
 from router.pods.decode_stream import DecodeCollector, DecodeMux
 from router.pods.pod_errors import rpc_error
 
@@ -120,38 +120,22 @@ class PodClient:
         finally:
             call.cancel()
 
-    def start_decode(
-        self,
-        request_id: str,
-        transfer_id: str,
-        prompt_token_ids: Sequence[int],
-        first_token_id: int,
-        params: SamplingParams,
-        cache_salt: str | None,
-    ) -> DecodeCollector:
+    def start_decode(self, request: DecodeRequest) -> DecodeCollector:
         """Decode a request on this pod's DecodeStream, from the second token on; its steps come from the collector.
         End it early with `cancel_decode`."""
         mux = self._decode_mux
         if mux is None or mux.closed:
             mux = self._decode_mux = DecodeMux(self.pod_id, self._decode)
-        return mux.start(request_id, transfer_id, prompt_token_ids, first_token_id, params, cache_salt)
+        return mux.start(request)
 
     def cancel_decode(self, collector: DecodeCollector) -> None:
         """End a request of `start_decode` early (the pod frees its blocks); a no-op once it ended."""
         if self._decode_mux is not None:
             self._decode_mux.cancel(collector)
 
-    async def decode(
-        self,
-        request_id: str,
-        transfer_id: str,
-        prompt_token_ids: Sequence[int],
-        first_token_id: int,
-        params: SamplingParams,
-        cache_salt: str | None,
-    ) -> AsyncGenerator[DecodeStep, None]:
+    async def decode(self, request: DecodeRequest) -> AsyncGenerator[DecodeStep, None]:
         """A request's decode steps, from the second token on, up to its finish; closing the iterator cancels it."""
-        collector = self.start_decode(request_id, transfer_id, prompt_token_ids, first_token_id, params, cache_salt)
+        collector = self.start_decode(request)
         try:
             while True:
                 step = await collector.next_step()
