@@ -92,9 +92,7 @@ class SamplingParams:
             "best_of",
             f"must be >= n ({self.n}), got {self.best_of}",
         )
-        _require(
-            math.isfinite(self.length_penalty), "length_penalty", f"must be finite, got {self.length_penalty}"
-        )
+        _require(math.isfinite(self.length_penalty), "length_penalty", f"must be finite, got {self.length_penalty}")
         _require(
             self.early_stopping in (True, False, "never"),
             "early_stopping",

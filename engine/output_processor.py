@@ -45,9 +45,7 @@ class OutputProcessor:
         for index in range(num_samples):
             child_id = request_id if num_samples == 1 else f"{request_id}-{index}"
             # NOTE: best_of ranks the samples by cumulative log-prob: they need their log-probs.
-            child_params = replace(
-                params, n=1, best_of=None, seed=None if params.seed is None else params.seed + index
-            )
+            child_params = replace(params, n=1, best_of=None, seed=None if params.seed is None else params.seed + index)
             if num_samples > params.n:
                 child_params = replace(child_params, logprobs=True)
             completion = CompletionOutput(index, logprobs=[] if child_params.logprobs else None)

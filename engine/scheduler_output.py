@@ -48,8 +48,8 @@ class SchedulerOutput:
 
 @dataclass(slots=True, frozen=True)
 class RunnerOutput:
-    """Each sampling request's next token (a beam's candidates instead); a request that verified proposals also gets the proposals accepted
-    before it (`accepted_token_ids`, with their log-probs), absent when none was."""
+    """Each sampling request's next token (a beam's candidates instead); a request that verified proposals also gets
+    the proposals accepted before it (`accepted_token_ids`, with their log-probs), absent when none was."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float | None] = field(default_factory=dict)

@@ -90,7 +90,11 @@ class BeamScorer:
         the search is done)."""
         assert len(candidates) == len(self.running) and not self.done
         ranked = sorted(
-            ((beam.cumulative_logprob + c.logprob, parent, c) for parent, beam in enumerate(self.running) for c in candidates[parent]),
+            (
+                (beam.cumulative_logprob + c.logprob, parent, c)
+                for parent, beam in enumerate(self.running)
+                for c in candidates[parent]
+            ),
             key=lambda item: -item[0],
         )
         length = self.num_generated + 1
@@ -100,15 +104,15 @@ class BeamScorer:
         for (_, parent, candidate), ended in zip(ranked[:width], ends[:width], strict=True):
             if ended:
                 self._offer(self.running[parent].extend(candidate), length, candidate.token_id in self.stop_token_ids)
-        kept = [Continuation(parent, self.running[parent].extend(c)) for (_, parent, c), e in zip(ranked, ends) if not e]
         if all(ends):
             self.done = True
             return []
-        assert len(kept) >= width, "too few candidates for the beam width"
-        kept = kept[:width]
-        self.running = [continuation.beam for continuation in kept]
+        kept = [(parent, c) for (_, parent, c), ended in zip(ranked, ends, strict=True) if not ended][:width]
+        assert len(kept) == width, "too few candidates for the beam width"
+        continuations = [Continuation(parent, self.running[parent].extend(c)) for parent, c in kept]
+        self.running = [continuation.beam for continuation in continuations]
         self._update_done(length)
-        return [] if self.done else kept
+        return [] if self.done else continuations
 
     def _offer(self, beam: Beam, length: int, stopped: bool) -> None:
         if self.early_stopping is True and len(self.finished) == self.beam_width:
@@ -121,10 +125,8 @@ class BeamScorer:
     def _update_done(self, length: int) -> None:
         full = len(self.finished) == self.beam_width
         if full:
-            if self.early_stopping == "never" and self.length_penalty > 0.0:
-                best_length = self.max_tokens
-            else:
-                best_length = length
+            never = self.early_stopping == "never" and self.length_penalty > 0.0
+            best_length = self.max_tokens if never else length
             best_possible = self.running[0].cumulative_logprob / best_length**self.length_penalty
             self._improvable = self._improvable and best_possible > self.finished[-1].score
         self.done = not self._improvable or (full and self.early_stopping is True)

@@ -40,6 +40,8 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
+from router.completion.beam_search_run import BeamSearchRun
+from router.completion.best_of import best_of, sample_params
 from router.completion.completion_run import CompletionRun
 from router.completion.input_checks import InputChecks
 from router.completion.run_context import PromptPlan, RunContext
@@ -167,14 +169,10 @@ class RequestLifecycle:
             with self._ctx.tracing.span("queue"):
                 await admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
             plan = await self._plan(request, token_ids, arrival, deadline)
-            runs = [
-                CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run()
-                for index in range(params.n)
-            ]
             num_open = params.n
             num_completion_tokens = 0
             num_cached_tokens = len(token_ids)
-            async with contextlib.aclosing(_merged(runs)) as chunks:
+            async with contextlib.aclosing(self._completions(plan, params)) as chunks:
                 async for chunk in chunks:
                     admission.start(ticket)
                     num_completion_tokens += len(chunk.token_ids)
@@ -188,6 +186,17 @@ class RequestLifecycle:
                     yield chunk
         finally:
             admission.leave(ticket)
+
+    def _completions(self, plan: PromptPlan, params: SamplingParams) -> AsyncGenerator[CompletionChunk, None]:
+        """The call's completions, merged: n runs, or best_of of which the n best come back, or one beam search."""
+        if params.use_beam_search:
+            return BeamSearchRun(self._ctx, plan, 0, params).run()
+        sampled = params if params.num_samples == params.n else sample_params(params)
+        runs = [
+            CompletionRun(self._ctx, plan, index, _completion_params(sampled, index)).run()
+            for index in range(params.num_samples)
+        ]
+        return _merged(runs) if params.num_samples == params.n else best_of(_merged(runs), params)
 
     async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
         if request.token_ids is None:
@@ -245,7 +254,7 @@ def _prompt_field(request: GenerateInput) -> str:
 
 
 def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
-    return dataclasses.replace(params, n=1, seed=completion_seed(params.seed, index))
+    return dataclasses.replace(params, n=1, best_of=None, seed=completion_seed(params.seed, index))
 
 
 async def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:

@@ -70,7 +70,7 @@ def _check_sharing(engine: LLMEngine, group_id: str, block_size: int) -> None:
     for i, one in enumerate(beams):
         for other in beams[i + 1 :]:
             common = next(
-                (k for k, (x, y) in enumerate(zip(one.all_token_ids, other.all_token_ids)) if x != y),
+                (k for k, (x, y) in enumerate(zip(one.all_token_ids, other.all_token_ids, strict=False)) if x != y),
                 min(one.num_tokens, other.num_tokens),
             )
             num_full = min(common, one.num_computed_tokens, other.num_computed_tokens) // block_size
@@ -117,7 +117,9 @@ def test_beam_width_and_speculation_are_refused_by_name(tiny_path: Path) -> None
         engine.add_request("r", [1, 2], SamplingParams(best_of=6, temperature=0.0, use_beam_search=True))
     assert best_of.value.field == "best_of"
     spec = LLMEngine(
-        engine_config(str(tiny_path), num_blocks=64, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        engine_config(
+            str(tiny_path), num_blocks=64, speculative_config={"method": "ngram", "num_speculative_tokens": 2}
+        )
     )
     with pytest.raises(InvalidArgumentError) as speculative:
         spec.add_request("r", [1, 2], _params(2))

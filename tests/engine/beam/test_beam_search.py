@@ -14,6 +14,7 @@ from engine.llm_engine import LLMEngine
 from tests.engine.beam.beam_oracle import engine_beam_search, hf_beam_search, load_hf
 from tests.engine.model_factory import save_tiny_model
 
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrainedModel]:
     path = save_tiny_model("qwen2", tmp_path_factory.mktemp("beam"))
@@ -40,7 +41,11 @@ STOP_TOKEN_IDS = list(range(48))
     [(2, 1.0, False, [1, 17, 40]), (4, 0.5, True, [33]), (8, 2.0, "never", [16])],
 )
 def test_beams_match_transformers(
-    tiny: tuple[Path, PreTrainedModel], width: int, length_penalty: float, early_stopping: bool | str, lengths: list[int]
+    tiny: tuple[Path, PreTrainedModel],
+    width: int,
+    length_penalty: float,
+    early_stopping: bool | str,
+    lengths: list[int],
 ) -> None:
     path, hf = tiny
     prompts = _prompts(lengths)
