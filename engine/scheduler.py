@@ -72,12 +72,13 @@ class Scheduler:
         else:
             self.waiting.append(request)
 
-    def add_running(self, request: Request) -> None:
+    def add_running(self, request: Request, after: Request) -> None:
         """Put a request that holds its blocks and its place in the batch (a beam forked from a running one) straight
-        into the running batch."""
+        into the running batch, right after `after` (so a beam search's beams are preempted together, newest first)."""
         request.status = RequestStatus.RUNNING
         self.requests[request.req_id] = request
-        self.running.append(request)
+        index = next((i + 1 for i, r in enumerate(self.running) if r is after), len(self.running))
+        self.running.insert(index, request)
 
     def abort_requests(self, req_ids: list[str]) -> list[EngineOutput]:
         outputs = []

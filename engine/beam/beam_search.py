@@ -120,9 +120,9 @@ class BeamSearch:
                 block_extra_keys=first.block_extra_keys,
             )
             beam.num_cached_tokens = first.num_cached_tokens
+            self.scheduler.add_running(beam, after=group.beams[-1])
             group.beams.append(beam)
             self._group_of_beam[beam.req_id] = group
-            self.scheduler.add_running(beam)
 
     def _reassign(self, group: _Group, continuations: list[Continuation]) -> None:
         """Beam k continues the beam `continuations[k].parent` was: its tokens and blocks, then its own token."""

@@ -140,3 +140,25 @@ def test_bad_beam_params_name_the_field(kwargs: dict[str, object], field: str) -
     with pytest.raises(InvalidArgumentError) as err:
         SamplingParams(**{"temperature": 0.0, "use_beam_search": True, **kwargs})  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+def test_preempted_beams_give_the_same_beams(tiny_path: Path) -> None:
+    """A pool too small for every beam at once: beams are preempted, recomputed, and the search ends the same."""
+    prompts = [list(range(10, 24)), list(range(50, 61))]
+
+    def search(num_blocks: int) -> tuple[list[list[tuple[int, ...]]], int]:
+        engine = LLMEngine(engine_config(str(tiny_path), num_blocks=num_blocks, block_size=4, max_model_len=40))
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, _params(4, max_tokens=6))
+        beams: dict[str, list[tuple[int, ...]]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                assert isinstance(out, BeamSearchOutput)
+                beams[out.req_id] = [b.beam.token_ids for b in out.beams]
+        assert engine.kv_cache_manager.num_free_blocks == num_blocks
+        return [beams["0"], beams["1"]], engine.scheduler.num_preemptions
+
+    roomy, num_roomy_preemptions = search(256)
+    tight, num_tight_preemptions = search(14)
+    assert num_roomy_preemptions == 0 and num_tight_preemptions > 0
+    assert tight == roomy
