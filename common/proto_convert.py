@@ -26,19 +26,27 @@ _FINISH_FROM_PB: dict[sampling_pb2.FinishReason.ValueType, FinishReason] = {
     sampling_pb2.FINISH_REASON_ABORT: "abort",
 }
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_EARLY_STOPPING_FROM_PB: dict[str, bool | str] = {"": False, "false": False, "true": True, "never": "never"}
 
 
 def sampling_params_from_pb(pb: sampling_pb2.SamplingParams, max_n: int | None = None) -> SamplingParams:
     """The engine's SamplingParams; unset optional fields take the engine defaults. `max_n`: refuse a larger `n`
-    (a pod computes one sample; the router fans n > 1 out).
+    (a pod computes one sample, or one beam search; the router fans n > 1 out).
 
     Raises InvalidArgumentError naming the public field (`sampling_params.<name>`; `n` for `max_n`).
     """
-    if max_n is not None and pb.HasField("n") and not 1 <= pb.n <= max_n:
+    if max_n is not None and pb.HasField("n") and not pb.use_beam_search and not 1 <= pb.n <= max_n:
         raise InvalidArgumentError("n", f"must be unset or in [1, {max_n}] (the router fans n > 1 out), got {pb.n}")
     # NOTE: fields left at their proto default are the engine's defaults too (proto3 `optional` marks
     # the others), so only the fields that are set matter; SamplingParams freezes repeated ones.
     values: dict[str, Any] = {field.name: value for field, value in pb.ListFields() if field.name in _SAMPLING_FIELDS}
+    if "early_stopping" in values:
+        early_stopping = _EARLY_STOPPING_FROM_PB.get(values["early_stopping"])
+        if early_stopping is None:
+            raise InvalidArgumentError(
+                "sampling_params.early_stopping", f"must be true, false or never, got {values['early_stopping']!r}"
+            )
+        values["early_stopping"] = early_stopping
     try:
         return SamplingParams(**values)
     except InvalidArgumentError as exc:
@@ -48,8 +56,11 @@ def sampling_params_from_pb(pb: sampling_pb2.SamplingParams, max_n: int | None =
 def sampling_params_to_pb(params: SamplingParams) -> sampling_pb2.SamplingParams:
     """The wire form of `params`; every field is written explicitly (seed only when set)."""
     values = {name: getattr(params, name) for name in _SAMPLING_FIELDS}
-    if values["seed"] is None:
-        del values["seed"]
+    for name in ("seed", "best_of"):
+        if values[name] is None:
+            del values[name]
+    early_stopping = values["early_stopping"]
+    values["early_stopping"] = early_stopping if isinstance(early_stopping, str) else str(early_stopping).lower()
     return sampling_pb2.SamplingParams(**values)
 
 

@@ -24,6 +24,11 @@ class SamplingParams:
     temperature == 0 is greedy, and so is any temperature below GREEDY_TEMPERATURE (it becomes 0).
     top_k == -1 and top_p == 1 and min_p == 0 disable those filters.
     `seed` (an int64) makes a request's samples reproducible, whatever else is in its batch.
+    `best_of` (default n): sample that many completions and return the n with the highest cumulative log-prob; with
+    `use_beam_search` it is the beam width instead, and the n best beams come back, best first. Beam search is
+    greedy (temperature 0), scored as transformers does: cumulative log-prob / generated length ** length_penalty;
+    `early_stopping` True stops once best_of beams finished, False once no running beam can beat them (the
+    transformers heuristic), "never" only when that is certain.
     """
 
     n: int = 1
@@ -42,6 +47,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: bool = False
     priority: int = 0
+    best_of: int | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         # NOTE: lists are accepted for convenience and frozen into tuples.
@@ -75,10 +84,39 @@ class SamplingParams:
         _require(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
         _require(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         _require(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
+        self._check_best_of()
+
+    def _check_best_of(self) -> None:
+        _require(
+            self.best_of is None or self.best_of >= self.n,
+            "best_of",
+            f"must be >= n ({self.n}), got {self.best_of}",
+        )
+        _require(math.isfinite(self.length_penalty), "length_penalty", f"must be finite, got {self.length_penalty}")
+        _require(
+            self.early_stopping in (True, False, "never"),
+            "early_stopping",
+            f"must be true, false or 'never', got {self.early_stopping!r}",
+        )
+        if not self.use_beam_search:
+            return
+        _require(self.temperature == 0.0, "temperature", f"must be 0 with beam search, got {self.temperature}")
+        _require(not self.stop, "stop", "stop strings are not supported with beam search")
+        _require(not self.has_penalty, "repetition_penalty", "penalties are not supported with beam search")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_samples(self) -> int:
+        """Completions (or beams) the engine computes for the n it returns: best_of, else n."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
+    def beam_width(self) -> int:
+        """Beams of a beam search request (best_of, else n); 0 for a sampled one."""
+        return self.num_samples if self.use_beam_search else 0
 
     @property
     def has_penalty(self) -> bool:

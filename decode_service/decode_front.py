@@ -34,6 +34,7 @@ from engine.core.client import EngineDeadError
 from engine.core.commands import AbortRequest, AddPrefilledRequest, ReleaseKV, ReserveKV
 from engine.core.outputs import CoreOutputs
 from engine.core.process import CoreReady
+from engine.scheduler_output import BeamSearchOutput
 from kv_transfer.state import TransferState
 from kv_transfer.target import KVTarget
 from pod.admission import Admission, Ticket
@@ -193,12 +194,13 @@ class DecodeFront(CoreFront):
             decoding = self._decoding.get(output.req_id)
             if decoding is None:
                 continue
-            if output.new_token_ids:
+            beams = output.beams if isinstance(output, BeamSearchOutput) else ()
+            if output.new_token_ids and not beams:
                 logprobs = [lp for lp in output.new_logprobs if lp is not None] if decoding.logprobs else None
                 decoding.session.add(decoding.key, output.new_token_ids, logprobs)
                 decoding.measure.tokens(len(output.new_token_ids), now)
             if output.finish_reason is not None:
-                end = StreamEnd(decoding.key, output.finish_reason, output.stop_reason)  # type: ignore[arg-type]
+                end = StreamEnd(decoding.key, output.finish_reason, output.stop_reason, beams=tuple(beams))  # type: ignore[arg-type]
                 self._end(output.req_id, end)
             touched.add(decoding.session)
         for ended in out.reservations_ended:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from common.errors import PdserveError
 from common.proto_convert import FinishReason
 from common.sampling_params import SamplingParams
+from engine.scheduler_output import FinishedBeam
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,6 +40,8 @@ class StreamEnd:
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None
     error: PdserveError | None = None
+    beams: tuple[FinishedBeam, ...] = ()
+    """A beam search request's returned beams, best first."""
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from common.grpc.request_parsing import UnparsedRequest
 from common.proto_convert import duration_to_pb, finish_reason_to_pb, sampling_params_from_pb, stop_reason_to_pb
 from decode_service.decode_front import DecodeFront
 from decode_service.decode_stream import DecodeStart, DecodeStreamSession, StreamBatch, StreamEnd
+from engine.scheduler_output import FinishedBeam
 from kv_transfer.target import KVTarget
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 from pod.convert import kv_target_to_pb
@@ -126,4 +127,16 @@ def _end(end: StreamEnd) -> decode_pb2.DecodeEnd:
         key=end.key,
         finish_reason=finish_reason_to_pb(end.finish_reason),
         stop_reason=stop_reason_to_pb(end.stop_reason),
+        beams=[beam_to_pb(beam) for beam in end.beams],
+    )
+
+
+def beam_to_pb(finished: FinishedBeam) -> decode_pb2.Beam:
+    beam = finished.beam
+    return decode_pb2.Beam(
+        token_ids=beam.token_ids,
+        logprobs=beam.logprobs,
+        cumulative_logprob=beam.cumulative_logprob,
+        finish_reason=finish_reason_to_pb(finished.finish_reason),
+        stop_reason=stop_reason_to_pb(finished.stop_reason),
     )

@@ -184,6 +184,9 @@ class SchedulerConfig:
         ),
     )
     policy: str = field(default="fcfs", metadata=doc("fcfs, or priority (lower value first, then arrival)"))
+    max_beam_width: int = field(
+        default=16, metadata=doc("widest beam search a request may ask for (its best_of, else n); at most max_num_seqs")
+    )
     async_scheduling: bool | None = field(
         default=None,
         metadata=doc(
@@ -203,6 +206,7 @@ class SchedulerConfig:
             f"must be > 0, got {self.long_prefill_token_threshold}",
         )
         _require(self.policy in ("fcfs", "priority"), "policy", f"must be fcfs or priority, got {self.policy!r}")
+        _require(self.max_beam_width > 0, "max_beam_width", f"must be > 0, got {self.max_beam_width}")
 
     def for_device(self, device_type: str) -> SchedulerConfig:
         """The config a scheduler on `device_type` runs with: on CPU, with no chunk size set, CPU_CHUNK_TOKENS."""

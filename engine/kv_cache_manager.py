@@ -8,16 +8,22 @@ A request's life, as the scheduler drives it:
    become shareable (`trim` gives back blocks of rejected speculative tokens before that).
 4. `free(req_id)` on finish, abort or preemption. A preempted request starts again at step 1 and
    usually hits its own blocks, still cached in the free queue.
+Beam search (`engine.beam`) shares tables: `fork` gives requests the tables of others (a reference more on each
+block), `copy_on_write` gives a request that is about to write into a block it shares a copy of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.block_hash import BlockHash, hash_block_tokens
 from common.kv_cache_events import KVCacheEvent
 from engine.block_pool import BlockPool, KVBlock
+
+
+class NoFreeBlocksError(Exception):
+    """The pool has no free block for a copy-on-write."""
 
 
 @dataclass(slots=True)
@@ -164,6 +170,39 @@ class KVCacheManager:
         dropped = blocks[keep:]
         del blocks[keep:], self._req_block_ids[req_id][keep:]
         self.block_pool.free_blocks(reversed(dropped))
+
+    def fork(self, parents: Mapping[str, str]) -> None:
+        """Each request `child` of `parents` now holds the blocks of request `parents[child]` (as they were before
+        this call), sharing them: one reference more on each, none copied; the child's own blocks are freed."""
+        tables = {child: list(self._req_blocks.get(parent, ())) for child, parent in parents.items()}
+        hashes = {child: list(self._req_block_hashes.get(parent, ())) for child, parent in parents.items()}
+        num_cached = {child: self._num_cached_blocks.get(parent, 0) for child, parent in parents.items()}
+        for blocks in tables.values():
+            self.block_pool.touch(blocks)
+        for child in parents:
+            self.free(child)
+            self._req_blocks[child] = tables[child]
+            self._req_block_ids[child] = [block.block_id for block in tables[child]]
+            self._req_block_hashes[child] = hashes[child]
+            self._num_cached_blocks[child] = num_cached[child]
+
+    def copy_on_write(self, req_id: str, position: int) -> tuple[int, int] | None:
+        """Before the request writes the KV of token `position`: if the block that holds it is shared, the request
+        gets a new block in its place. Returns (source, destination) block ids for the device copy, or None when
+        nothing is to copy. Raises NoFreeBlocksError when the pool has no block to copy into."""
+        blocks = self._req_blocks[req_id]
+        index = position // self.block_size
+        if index >= len(blocks) or blocks[index].ref_cnt == 1:
+            return None
+        if self.block_pool.num_free_blocks == 0:
+            raise NoFreeBlocksError(f"no free block to copy block {blocks[index].block_id} into")
+        assert index >= self._num_cached_blocks[req_id], "writing into a cached block"
+        (copy,) = self.block_pool.get_new_blocks(1)
+        source = blocks[index]
+        self.block_pool.free_blocks([source])
+        blocks[index] = copy
+        self._req_block_ids[req_id][index] = copy.block_id
+        return source.block_id, copy.block_id
 
     def free(self, req_id: str) -> None:
         """Release the request's blocks, tail first, so a cached prefix is evicted from its tail first."""

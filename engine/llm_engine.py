@@ -10,6 +10,8 @@ from pathlib import Path
 from common.block_hash import block_extra_keys
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
+from engine.beam.beam_checks import check_beam_search
+from engine.beam.beam_search import BeamSearch
 from engine.config import EngineConfig
 from engine.executor import PendingResult, make_executor
 from engine.kv_tier.setup import make_kv_cache
@@ -18,7 +20,7 @@ from engine.model_store import resolve_model
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
-from engine.scheduler_output import EngineOutput, SchedulerOutput
+from engine.scheduler_output import EngineOutput, RunnerOutput, SchedulerOutput
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import Proposer
@@ -78,6 +80,7 @@ class LLMEngine:
             self.speculator,
             swapper,
         )
+        self.beams = BeamSearch(self.scheduler, self.kv_cache_manager)
         self._pending: tuple[SchedulerOutput, PendingResult] | None = None
 
     @property
@@ -111,6 +114,7 @@ class LLMEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidArgumentError naming the field for input the engine cannot serve."""
         self.info.validate(prompt_token_ids, params)
+        check_beam_search(params, self.config.scheduler, self.speculator is not None)
 
     def add_request(
         self,
@@ -125,11 +129,10 @@ class LLMEngine:
         self.validate(prompt_token_ids, params)
         self._check_new_id(req_id)
         extra_keys = None if cache_salt is None else block_extra_keys(self.config.model.model, cache_salt)
-        self.scheduler.add_request(
-            Request(
-                req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv, block_extra_keys=extra_keys
-            )
+        request = Request(
+            req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv, block_extra_keys=extra_keys
         )
+        self.scheduler.add_request(self.beams.add(request) if params.use_beam_search else request)
 
     def _check_new_id(self, req_id: str) -> None:
         if req_id in self.scheduler.requests or req_id in self.scheduler.held_kv:
@@ -156,6 +159,13 @@ class LLMEngine:
                 "request_id",
                 f"{req_id!r} has {num_blocks} reserved blocks, too few for {len(prompt_token_ids)} prompt tokens",
             )
+        if params.use_beam_search:
+            # NOTE: the beams start from the prompt's last logits: its last token is computed again, over the KV that
+            # arrived; the prefill pod's first token is not used.
+            first_beam = self.beams.add(Request(req_id, prompt_token_ids, params, self.info.eos_token_ids))
+            first_beam.num_computed_tokens = len(prompt_token_ids) - 1
+            self.scheduler.add_request(first_beam)
+            return
         self.scheduler.add_request(
             Request.prefilled(req_id, prompt_token_ids, first_token_id, params, self.info.eos_token_ids)
         )
@@ -170,7 +180,8 @@ class LLMEngine:
         return self.scheduler.kv_progress(req_id)
 
     def abort_requests(self, req_ids: list[str]) -> list[EngineOutput]:
-        return self.scheduler.abort_requests(req_ids)
+        outputs, others = self.beams.abort(req_ids)
+        return outputs + self.scheduler.abort_requests(others)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._pending is not None
@@ -180,7 +191,7 @@ class LLMEngine:
         step is enqueued on the device first, then the host waits for the previous one's tokens."""
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
-            return self.scheduler.update_from_output(scheduler_output, self.executor.execute(scheduler_output).result())
+            return self._update(scheduler_output, self.executor.execute(scheduler_output).result())
         outputs: list[EngineOutput] = []
         if self._pending is not None and (self._needs_output_history() or self._must_see_tokens()):
             outputs = self._apply_pending()
@@ -191,13 +202,19 @@ class LLMEngine:
         if scheduler_output.scheduled:
             self._pending = (scheduler_output, pending)
         else:
-            outputs += self.scheduler.update_from_output(scheduler_output, pending.result())
+            outputs += self._update(scheduler_output, pending.result())
         return outputs
 
     def _apply_pending(self) -> list[EngineOutput]:
         assert self._pending is not None
         (scheduler_output, pending), self._pending = self._pending, None
-        return self.scheduler.update_from_output(scheduler_output, pending.result())
+        return self._update(scheduler_output, pending.result())
+
+    def _update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if runner_output.beam_candidates:
+            outputs += self.beams.update(runner_output.beam_candidates)
+        return outputs
 
     def _must_see_tokens(self) -> bool:
         """Proposals follow from every token so far, and a step that verified some changes what is computed: such
@@ -209,5 +226,6 @@ class LLMEngine:
         )
 
     def _needs_output_history(self) -> bool:
-        """Penalties read every output token: such a batch waits for the step in flight before it is scheduled."""
-        return any(r.sampling_params.has_penalty for r in self.scheduler.running)
+        """Penalties read every output token, and beams are chosen from every beam's step: such a batch waits for the
+        step in flight before it is scheduled."""
+        return any(r.sampling_params.has_penalty or r.sampling_params.use_beam_search for r in self.scheduler.running)

@@ -16,6 +16,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.beam.candidates import BeamCandidates, copy_blocks
 from engine.config import CacheConfig, EngineConfig
 from engine.cuda_graph import CudaGraphRunner
 from engine.input_batch import InputBatch, ModelInput, PreviousSample
@@ -204,6 +205,7 @@ class ModelRunner:
         for req_id in scheduler_output.finished_req_ids:
             self.seeds.pop(req_id, None)
         self.input_batch.drop(scheduler_output.finished_req_ids)
+        copy_blocks(self.kv_cache, scheduler_output.block_copies)
         if not scheduler_output.scheduled:
             self._previous = None
             return NO_OUTPUT
@@ -230,7 +232,7 @@ class ModelRunner:
         # NOTE: a step that verified proposals is never followed by placeholders (LLMEngine.step waits for it).
         previous_rows = {req_id: row for row, req_id in enumerate(req_ids)} if len(rows) == len(sampling) else {}
         self._previous = PreviousSample(sampled.token_ids, previous_rows)
-        return PendingOutput(req_ids, sampled, drafts)
+        return PendingOutput(req_ids, sampled, drafts, BeamCandidates.gather(logits, sampling))
 
     def _decode_batch(self, sampling: list[ScheduledRequest]) -> SamplingBatch:
         """One row per request: the token after the step's last one, placeholders (async scheduling) included."""

@@ -15,6 +15,7 @@ class CompletionOutput:
     logprobs: list[float] | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that matched
+    cumulative_logprob: float | None = None  # the sum of the token log-probs (with logprobs, best_of, beam search)
 
     @property
     def finished(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.beam.candidates import BeamCandidates
 from engine.sampler import SamplerOutput
 from engine.scheduler_output import RunnerOutput
 
@@ -16,9 +17,16 @@ from engine.scheduler_output import RunnerOutput
 class PendingOutput:
     """Starts the device-to-host copy of a step's sampled tokens (and log-probs) without waiting for it."""
 
-    def __init__(self, req_ids: list[str], sampled: SamplerOutput, drafts: list[list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        req_ids: list[str],
+        sampled: SamplerOutput,
+        drafts: list[list[int]] | None = None,
+        beams: BeamCandidates | None = None,
+    ) -> None:
         self._req_ids = req_ids
         self._drafts = drafts
+        self._beams = None if beams is None else beams.to_host()
         self._event: torch.cuda.Event | None = None
         if sampled.token_ids.device.type == "cuda":
             # NOTE: pinned host tensors come from torch's caching host allocator, which keeps each one until the
@@ -38,6 +46,8 @@ class PendingOutput:
         if self._event is not None:
             self._event.synchronize()
         token_ids, logprobs = self._sampled.to_lists()
+        if self._beams is not None:
+            return _with_beams(self._req_ids, token_ids, logprobs, self._beams)
         if len(token_ids) == len(self._req_ids):
             return RunnerOutput(
                 dict(zip(self._req_ids, token_ids, strict=True)), dict(zip(self._req_ids, logprobs, strict=True))
@@ -61,6 +71,18 @@ def _verified(
             output.accepted_token_ids[req_id] = token_ids[row:end]
             output.accepted_logprobs[req_id] = logprobs[row:end]
         row += len(draft) + 1
+    return output
+
+
+def _with_beams(
+    req_ids: list[str], token_ids: list[int], logprobs: list[float | None], beams: BeamCandidates
+) -> RunnerOutput:
+    """Beam rows report their candidates, not a sampled token (the scheduler appends nothing to them)."""
+    candidates = beams.to_lists()
+    output = RunnerOutput(beam_candidates=candidates)
+    for req_id, token_id, logprob in zip(req_ids, token_ids, logprobs, strict=True):
+        if req_id not in candidates:
+            output.sampled_token_ids[req_id], output.logprobs[req_id] = token_id, logprob
     return output
 
 

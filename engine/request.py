@@ -58,6 +58,10 @@ class Request:
         self.hold_kv = hold_kv
         # NOTE: the extra keys of its block hashes (model id, per-request cache salt); None: the pool's own.
         self.block_extra_keys = block_extra_keys
+        # NOTE: batch rows it holds a place for: a beam search's first beam holds its beam width until it forks.
+        self.num_seqs = 1
+        # NOTE: its block table was replaced, not grown (a beam took another's): the runner rewrites its row.
+        self.blocks_replaced = False
 
     @property
     def num_tokens(self) -> int:

@@ -65,6 +65,8 @@ class Scheduler:
         # The requests each scheduled step computes, by step id, until its output is applied.
         self._in_flight: dict[int, list[Request]] = {}
         self._step_ids = itertools.count(1)
+        # (source, destination) KV blocks to copy before the next step runs (beam search's copy-on-write).
+        self.block_copies: list[tuple[int, int]] = []
 
     def add_request(self, request: Request) -> None:
         self.requests[request.req_id] = request
@@ -73,6 +75,14 @@ class Scheduler:
             self.waiting.insert(index, request)
         else:
             self.waiting.append(request)
+
+    def add_running(self, request: Request, after: Request) -> None:
+        """Put a request that holds its blocks and its place in the batch (a beam forked from a running one) straight
+        into the running batch, right after `after` (so a beam search's beams are preempted together, newest first)."""
+        request.status = RequestStatus.RUNNING
+        self.requests[request.req_id] = request
+        index = next((i + 1 for i, r in enumerate(self.running) if r is after), len(self.running))
+        self.running.insert(index, request)
 
     def abort_requests(self, req_ids: list[str]) -> list[EngineOutput]:
         outputs = []
@@ -138,7 +148,7 @@ class Scheduler:
             )
             if not drafts and not self._allocate_or_preempt(request, index, num_new):
                 break
-            scheduled.append(self._schedule(request, num_new, new_admission=False, drafts=drafts))
+            scheduled.append(self._schedule(request, num_new, new_admission=request.blocks_replaced, drafts=drafts))
             requests.append(request)
             budget -= num_new + len(drafts)
             index += 1
@@ -147,7 +157,8 @@ class Scheduler:
         finished, self._finished_req_ids = frozenset(self._finished_req_ids), set()
         step_id = next(self._step_ids)
         self._in_flight[step_id] = requests
-        return SchedulerOutput(scheduled, finished, step_id)
+        copies, self.block_copies = self.block_copies, []
+        return SchedulerOutput(scheduled, finished, step_id, copies)
 
     def _allocate_or_preempt(self, request: Request, index: int, num_new: int) -> bool:
         """Blocks for `num_new` more tokens of running[index], preempting later requests if needed."""
@@ -176,7 +187,8 @@ class Scheduler:
         )
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], requests: list[Request]) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        num_seqs = sum(r.num_seqs for r in self.running)
+        while self.waiting and budget > 0 and num_seqs + self.waiting[0].num_seqs <= self.config.max_num_seqs:
             request = self.waiting[0]
             if request.num_placeholders:
                 break  # preempted while its last token was in flight: it waits for that token
@@ -201,6 +213,7 @@ class Scheduler:
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_computed
             self.running.append(request)
+            num_seqs += request.num_seqs
             scheduled.append(self._schedule(request, num_new, new_admission=True))
             requests.append(request)
             budget -= num_new
@@ -222,6 +235,7 @@ class Scheduler:
             token_ids += drafts
             end += len(drafts)
         request.num_computed_tokens = end
+        request.blocks_replaced = False
         return ScheduledRequest(
             req_id=request.req_id,
             token_ids=token_ids,

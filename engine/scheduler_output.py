@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.sampling_params import SamplingParams
+from engine.beam.beam_scorer import Beam, Candidate
 
 PLACEHOLDER_TOKEN_ID = -1
 """Stands for a token sampled by the step still running on the device (async scheduling): the runner takes its id
@@ -41,17 +42,21 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     finished_req_ids: frozenset[str] = frozenset()
     step_id: int = 0
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(source, destination) KV block ids to copy before the step runs (beam search's copy-on-write)."""
 
 
 @dataclass(slots=True, frozen=True)
 class RunnerOutput:
-    """Each sampling request's next token; a request that verified proposals also gets the proposals accepted
-    before it (`accepted_token_ids`, with their log-probs), absent when none was."""
+    """Each sampling request's next token (a beam's candidates instead); a request that verified proposals also gets
+    the proposals accepted before it (`accepted_token_ids`, with their log-probs), absent when none was."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float | None] = field(default_factory=dict)
     accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
     accepted_logprobs: dict[str, list[float | None]] = field(default_factory=dict)
+    beam_candidates: dict[str, list[Candidate]] = field(default_factory=dict)
+    """A beam search row's most likely next tokens, instead of a sampled one (absent from sampled_token_ids)."""
 
 
 @dataclass(slots=True)
@@ -82,3 +87,34 @@ class EngineOutput:
             self.num_prompt_tokens,
             self.num_cached_tokens,
         )
+
+
+@dataclass(slots=True)
+class BeamSearchOutput(EngineOutput):
+    """The end of a beam search request: its n best `beams`, best first (each with its finish reason); the
+    inherited fields describe the best one."""
+
+    beams: list[FinishedBeam] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[type[EngineOutput], tuple[object, ...]]:
+        return BeamSearchOutput, (
+            self.req_id,
+            self.new_token_ids,
+            self.new_logprobs,
+            self.finish_reason,
+            self.stop_reason,
+            self.num_prompt_tokens,
+            self.num_cached_tokens,
+            self.beams,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class FinishedBeam:
+    """One returned beam: its tokens and log-probs, score (cumulative log-prob / length ** length_penalty) and why
+    it ended ("stop" with the stop token in `stop_reason`, or "length")."""
+
+    beam: Beam
+    score: float
+    finish_reason: str
+    stop_reason: int | None

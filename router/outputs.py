@@ -48,6 +48,17 @@ class DecodeRequest:
 
 
 @dataclass(slots=True, frozen=True)
+class BeamResult:
+    """One returned beam of a beam search request, as its decode pod reports it."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    cumulative_logprob: float
+    finish_reason: FinishReason | None
+    stop_reason: StopReason = None
+
+
+@dataclass(slots=True, frozen=True)
 class DecodeStep:
     """One message of a decode pod's stream."""
 
@@ -55,6 +66,8 @@ class DecodeStep:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
+    beams: tuple[BeamResult, ...] = ()
+    """With the finish reason of a beam search request: its returned beams, best first."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,6 +106,8 @@ class CompletionChunk:
     metrics: CompletionMetrics | None = None
     """Set on the completion's last chunk."""
     num_cached_tokens: int = 0
+    cumulative_logprob: float | None = None
+    """On the last chunk of a best_of or beam search completion: the sum of its tokens' log-probs."""
     """Prompt tokens the completion's prefill reused; set on the completion's last chunk."""
     usage: Usage | None = None
     """Set on the stream's last chunk."""

@@ -189,6 +189,8 @@ def _response(request_id: str, chunk: CompletionChunk) -> generation_pb2.Generat
         finish_reason=finish_reason_to_pb(chunk.finish_reason),
         stop_reason=stop_reason_to_pb(chunk.stop_reason),
     )
+    if chunk.cumulative_logprob is not None:
+        response.cumulative_logprob = chunk.cumulative_logprob
     if chunk.metrics is not None:
         response.metrics.CopyFrom(_metrics(chunk.metrics))
     if chunk.usage is not None:

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Iterator
 
 from common.errors import ResourceExhaustedError, UnavailableError
 from common.pod_registry import PodInfo
+from common.sampling_params import SamplingParams
 from kv_transfer.target import KVTarget
 from router.completion.migration import LegInput
 from router.completion.prefill_tail import cancel_and_wait, result_within, transfer_done
@@ -40,6 +42,13 @@ logger = logging.getLogger(__name__)
 _RELEASE_TIMEOUT_S = 2.0
 _TRANSFER_DONE_WAIT_S = 1.0
 _RELEASING: set[asyncio.Task[None]] = set()
+
+
+def _prefill_params(params: SamplingParams) -> SamplingParams:
+    """A beam search runs on the decode pod: its prefill pod computes the prompt's KV (its first token unused)."""
+    if not params.use_beam_search:
+        return params
+    return dataclasses.replace(params, n=1, best_of=None, use_beam_search=False, ignore_eos=True)
 
 
 class LegFailed(Exception):
@@ -119,7 +128,7 @@ class CompletionLeg:
         stream = self._ctx.pods.client(self.prefill_pod).prefill(
             self.request_id,
             self._input.token_ids,
-            self._input.params,
+            _prefill_params(self._input.params),
             self._target,
             self._plan.cache_salt,
             self._ctx.remaining_s(self._plan.deadline),

@@ -94,8 +94,9 @@ class CompletionRun:
             progress.num_attempts += 1
             leg = self._leg(leg_input)
             try:
-                first, chunk = await self._open(leg, leg_input)
-                yield chunk
+                first, opening = await self._open(leg, leg_input)
+                for chunk in opening:
+                    yield chunk
                 if chunk.finish_reason is None:
                     # NOTE: the decode steps come straight from the leg (a coroutine per step, no generator layer).
                     leg.start_decode(first.token_id)
@@ -111,8 +112,9 @@ class CompletionRun:
             finally:
                 await leg.aclose()
 
-    async def _open(self, leg: CompletionLeg, leg_input: LegInput) -> tuple[FirstToken, CompletionChunk]:
-        """Open the leg up to its first token; that token and the client's chunk of it."""
+    async def _open(self, leg: CompletionLeg, leg_input: LegInput) -> tuple[FirstToken, list[CompletionChunk]]:
+        """Open the leg up to its first token; that token and the client's chunks up to it (one: the token's); the
+        leg decodes on unless the last one finishes the completion."""
         first = await leg.open()
         if self._progress.first is None:
             self._progress.first = first
@@ -122,7 +124,7 @@ class CompletionRun:
         step = DecodeStep((first.token_id,), logprobs, first.finish_reason, first.stop_reason)
         if step.finish_reason is None and leg_input.params.max_tokens == 1:
             step = DecodeStep(step.token_ids, step.logprobs, "length")
-        return first, self._chunk(step, leg)
+        return first, [self._chunk(step, leg)]
 
     async def _next_chunk(self, leg: CompletionLeg) -> CompletionChunk:
         """The client's chunk of the leg's next decode step; the last one (with the transfer's figures) when it

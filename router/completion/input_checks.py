@@ -31,10 +31,12 @@ class InputChecks:
             raise InvalidArgumentError("cache_salt", f"must be 1 to {limit} characters when set, got {len(cache_salt)}")
 
     def check_params(self, params: SamplingParams) -> None:
-        """n and the stop strings; SamplingParams checked every other range itself."""
+        """n, best_of and the stop strings; SamplingParams checked every other range itself."""
         config = self._config
         if params.n > config.max_n:
             raise InvalidArgumentError("sampling_params.n", f"must be <= {config.max_n}, got {params.n}")
+        if params.num_samples > config.max_n:
+            raise InvalidArgumentError("sampling_params.best_of", f"must be <= {config.max_n}, got {params.best_of}")
         if len(params.stop) > config.max_stop_strings:
             raise InvalidArgumentError(
                 "sampling_params.stop", f"at most {config.max_stop_strings} stop strings, got {len(params.stop)}"

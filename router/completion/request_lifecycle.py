@@ -41,6 +41,8 @@ from common.telemetry import (
     PDSERVE_REQUEST_ID,
 )
 from router.admission.admission import Ticket
+from router.completion.beam_search_run import BeamSearchRun
+from router.completion.best_of import best_of, sample_params
 from router.completion.completion_run import CompletionRun
 from router.completion.input_checks import InputChecks
 from router.completion.run_context import PromptPlan, RunContext
@@ -130,11 +132,11 @@ class RequestLifecycle:
         ):
             ticket = admission.enter(request.client_id, timeout_s)
             try:
-                token_ids, runs = await self._start(request, ticket, arrival, timeout_s)
+                token_ids, completions = await self._start(request, ticket, arrival, timeout_s)
                 finish_reasons: list[str] = []
                 num_completion_tokens = 0
                 num_cached_tokens = len(token_ids)
-                async with contextlib.aclosing(_merged(runs)) as chunks:
+                async with contextlib.aclosing(completions) as chunks:
                     async for chunk in chunks:
                         admission.start(ticket)
                         num_completion_tokens += len(chunk.token_ids)
@@ -158,9 +160,9 @@ class RequestLifecycle:
 
     async def _start(
         self, request: GenerateInput, ticket: Ticket, arrival: float, timeout_s: float | None
-    ) -> tuple[list[int], list[AsyncGenerator[CompletionChunk, None]]]:
+    ) -> tuple[list[int], AsyncGenerator[CompletionChunk, None]]:
         """Check and tokenize the call, wait for its turn in the router's queue, plan it; its prompt's token ids and
-        its completions' runs."""
+        its completions' chunks."""
         params = request.params
         self._checks.check_ids(request.request_id, request.cache_salt)
         self._checks.check_params(params)
@@ -172,10 +174,18 @@ class RequestLifecycle:
         with self._ctx.tracing.span("queue"):
             await self._ctx.admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
         plan = await self._plan(request, token_ids, arrival, deadline)
+        return token_ids, self._completions(plan, params)
+
+    def _completions(self, plan: PromptPlan, params: SamplingParams) -> AsyncGenerator[CompletionChunk, None]:
+        """The call's completions, merged: n runs, or best_of of which the n best come back, or one beam search."""
+        if params.use_beam_search:
+            return BeamSearchRun(self._ctx, plan, 0, params).run()
+        sampled = params if params.num_samples == params.n else sample_params(params)
         runs = [
-            CompletionRun(self._ctx, plan, index, _completion_params(params, index)).run() for index in range(params.n)
+            CompletionRun(self._ctx, plan, index, _completion_params(sampled, index)).run()
+            for index in range(params.num_samples)
         ]
-        return token_ids, runs
+        return _merged(runs) if params.num_samples == params.n else best_of(_merged(runs), params)
 
     async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
         if request.token_ids is None:
@@ -247,7 +257,7 @@ def _prompt_field(request: GenerateInput) -> str:
 
 
 def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
-    return dataclasses.replace(params, n=1, seed=completion_seed(params.seed, index))
+    return dataclasses.replace(params, n=1, best_of=None, seed=completion_seed(params.seed, index))
 
 
 def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:

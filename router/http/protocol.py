@@ -3,8 +3,9 @@
 Requests: `completion_input` and `chat_input` read a /v1/completions or /v1/chat/completions body into a
 `GenerateInput`, checking each field's JSON type (InvalidArgumentError naming it). Sampling fields keep vLLM's
 names and meanings (temperature, top_p, top_k, min_p, seed, repetition_penalty, presence/frequency_penalty,
-max_tokens, stop, stop_token_ids, ignore_eos, include_stop_str_in_output, n); fields the engine cannot honour
-(min_tokens > 0, logprobs, echo, suffix, logit_bias, tools, best_of > n) are refused by name rather than ignored.
+max_tokens, stop, stop_token_ids, ignore_eos, include_stop_str_in_output, n, best_of, and beam search's
+use_beam_search, length_penalty, early_stopping: its temperature defaults to 0); fields the engine cannot honour
+(min_tokens > 0, logprobs, echo, suffix, logit_bias, tools) are refused by name rather than ignored.
 Responses: `CompletionBodies` turns chunks into response bodies, streaming chunk bodies and the usage.
 """
 
@@ -62,14 +63,21 @@ def sampling_params(body: Mapping[str, Any], default_max_tokens: int | None) -> 
     stop_token_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_token_ids, list) or not all(isinstance(t, int) for t in stop_token_ids):
         raise InvalidArgumentError("stop_token_ids", "must be a list of integers")
-    n = _int(body, "n")
-    best_of = _int(body, "best_of")
-    if best_of is not None and best_of != (n or 1):
-        raise InvalidArgumentError("best_of", "must equal n (best_of > n is not supported)")
+    use_beam_search = _bool(body, "use_beam_search")
+    temperature = _float(body, "temperature")
+    if use_beam_search and temperature is None:
+        temperature = 0.0
+    early_stopping = body.get("early_stopping")
+    if early_stopping is not None and early_stopping not in (True, False, "never"):
+        raise InvalidArgumentError("early_stopping", 'must be true, false or "never"')
     max_tokens = _int(body, "max_completion_tokens") if body.get("max_tokens") is None else _int(body, "max_tokens")
     fields: dict[str, Any] = {
-        "n": n,
-        "temperature": _float(body, "temperature"),
+        "n": _int(body, "n"),
+        "best_of": _int(body, "best_of"),
+        "use_beam_search": use_beam_search or None,
+        "length_penalty": _float(body, "length_penalty"),
+        "early_stopping": early_stopping,
+        "temperature": temperature,
         "top_p": _float(body, "top_p"),
         "top_k": _int(body, "top_k"),
         "min_p": _float(body, "min_p"),

@@ -27,7 +27,7 @@ from common.errors import UnavailableError
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.telemetry import context_carrier
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
-from router.outputs import DecodeRequest, DecodeStep
+from router.outputs import BeamResult, DecodeRequest, DecodeStep
 from router.pods.pod_errors import pod_error, rpc_error
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class DecodeCollector:
             end, self._end = self._end, None
             if end is None:
                 return DecodeStep(tuple(token_ids), tuple(logprobs))
-            return DecodeStep(tuple(token_ids), tuple(logprobs), end.finish_reason, end.stop_reason)
+            return DecodeStep(tuple(token_ids), tuple(logprobs), end.finish_reason, end.stop_reason, end.beams)
         assert self._error is not None
         raise self._error
 
@@ -178,4 +178,15 @@ class DecodeMux:
                 collector.fail(pod_error(self.pod_id, "Decode", ended.error))
             else:
                 reason = finish_reason_from_pb(ended.finish_reason)
-                collector.finish(DecodeStep((), (), reason, stop_reason_from_pb(ended.stop_reason)))
+                beams = tuple(_beam_from_pb(beam) for beam in ended.beams)
+                collector.finish(DecodeStep((), (), reason, stop_reason_from_pb(ended.stop_reason), beams))
+
+
+def _beam_from_pb(beam: decode_pb2.Beam) -> BeamResult:
+    return BeamResult(
+        tuple(beam.token_ids),
+        tuple(beam.logprobs),
+        beam.cumulative_logprob,
+        finish_reason_from_pb(beam.finish_reason),
+        stop_reason_from_pb(beam.stop_reason),
+    )

@@ -197,7 +197,17 @@ def test_stubs_were_generated_for_grpcio_1_84(files: list[descriptor_pb2.FileDes
 def test_sampling_fields_with_engine_defaults_other_than_zero_are_optional() -> None:
     fields = sampling_pb2.SamplingParams.DESCRIPTOR.fields
     optional = sorted(f.name for f in fields if f.has_presence)
-    assert optional == ["max_tokens", "n", "repetition_penalty", "seed", "temperature", "top_k", "top_p"]
+    assert optional == [
+        "best_of",
+        "length_penalty",
+        "max_tokens",
+        "n",
+        "repetition_penalty",
+        "seed",
+        "temperature",
+        "top_k",
+        "top_p",
+    ]
     params = sampling_pb2.SamplingParams(temperature=0.0, max_tokens=8)
     assert [field.name for field, _ in params.ListFields()] == ["temperature", "max_tokens"]
 

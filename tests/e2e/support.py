@@ -64,6 +64,10 @@ class Oracle:
                 self._cache[key] = output.outputs[0]
         return [self._cache[key] for key in keys]
 
+    def completions(self, prompt: str, params: SamplingParams) -> list[CompletionOutput]:
+        """The offline engine's completions of `prompt` (e.g. a beam search's beams, best first)."""
+        return self._llm.generate(prompt, params, use_tqdm=False)[0].outputs
+
 
 @dataclass(slots=True)
 class Completion:

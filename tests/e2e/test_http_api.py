@@ -30,8 +30,17 @@ from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from client.generation_client import GenerationClient
 from common.auth import bearer_metadata
+from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from tests.e2e.support import HEARTBEAT_S, POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, wait_until
+from tests.e2e.support import (
+    HEARTBEAT_S,
+    POD_ARGS,
+    REGISTRY_REFRESH_S,
+    STARTUP_TIMEOUT_S,
+    Oracle,
+    run,
+    wait_until,
+)
 from tests.e2e.test_cancellation import STORY, holding, idle
 
 pytestmark = pytest.mark.slow
@@ -307,6 +316,41 @@ def test_the_openai_sdk_gets_what_the_grpc_api_gets(http_cluster: LocalCluster, 
         }
         assert (got[key]["text"], got[key]["usage"]) == (expected.text, usage), key
     assert got["completion_stream"]["num_chunks"] == text.usage.completion_tokens
+
+
+BEAM_SCRIPT = """
+import json, sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2])
+answer = client.completions.create(
+    model="smollm2-135m", prompt=sys.argv[3], n=2, best_of=3, max_tokens=6, extra_body={"use_beam_search": True}
+)
+print(json.dumps([choice.text for choice in sorted(answer.choices, key=lambda choice: choice.index)]))
+"""
+
+
+def test_beam_search_over_grpc_and_the_openai_sdk(
+    http_cluster: LocalCluster, grpc_client: GenerationClient, oracle: Oracle
+) -> None:
+    """The decode pod's beam search over the transferred prompt KV returns the offline engine's beams."""
+    params = SamplingParams(n=2, best_of=3, temperature=0.0, max_tokens=6, use_beam_search=True)
+    expected = oracle.completions(PROMPT, params)
+    responses = list(grpc_client.generate(PROMPT, n=2, best_of=3, temperature=0.0, max_tokens=6, use_beam_search=True))
+    assert [r.index for r in responses] == [0, 1]
+    assert [list(r.token_ids) for r in responses] == [c.token_ids for c in expected]
+    assert [r.text for r in responses] == [c.text for c in expected]
+    assert [r.cumulative_logprob for r in responses] == pytest.approx(
+        [c.cumulative_logprob for c in expected], abs=1e-3
+    )
+    assert responses[-1].usage.completion_tokens == sum(len(c.token_ids) for c in expected)
+    checked = subprocess.run(
+        [_openai_python(), "-c", BEAM_SCRIPT, f"{http_cluster.http_url}/v1", TOKEN, PROMPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout) == [c.text for c in expected]
 
 
 def test_get_load_shows_a_draining_pod(

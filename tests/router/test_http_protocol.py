@@ -77,7 +77,10 @@ def test_completion_prompt_forms() -> None:
         ({"prompt": "x", "echo": True}, "echo"),
         ({"prompt": "x", "stop": [1]}, "stop"),
         ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
-        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "best_of": 0}, "best_of"),
+        ({"prompt": "x", "n": 3, "best_of": 2}, "best_of"),
+        ({"prompt": "x", "use_beam_search": True, "temperature": 0.5}, "temperature"),
+        ({"prompt": "x", "use_beam_search": True, "early_stopping": "soon"}, "early_stopping"),
         ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
     ],
 )
@@ -85,6 +88,13 @@ def test_bad_field_is_named(body: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         completion_input(body, "r", "c")
     assert info.value.field == field
+
+
+def test_beam_search_extra_body() -> None:
+    body = {"n": 2, "best_of": 4, "use_beam_search": True, "length_penalty": 0.5, "early_stopping": "never"}
+    params = sampling_params(body, None)
+    assert (params.beam_width, params.n, params.temperature) == (4, 2, 0.0)
+    assert (params.length_penalty, params.early_stopping) == (0.5, "never")
 
 
 def test_top_k_zero_is_off_and_max_completion_tokens() -> None:

@@ -286,6 +286,7 @@ class DecodeEnd(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     STOP_REASON_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    BEAMS_FIELD_NUMBER: _builtins.int
     key: _builtins.int
     """The request's key (DecodeStart.key)."""
     finish_reason: _sampling_pb2.FinishReason.ValueType
@@ -300,6 +301,12 @@ class DecodeEnd(_message.Message):
         google.rpc details (BadRequest, RetryInfo).
         """
 
+    @_builtins.property
+    def beams(self) -> _containers.RepeatedCompositeFieldContainer[Global___Beam]:
+        """A beam search request's returned beams, best first (set with finish_reason; finish_reason and stop_reason above
+        are the best beam's).
+        """
+
     def __init__(
         self,
         *,
@@ -307,14 +314,59 @@ class DecodeEnd(_message.Message):
         finish_reason: _sampling_pb2.FinishReason.ValueType = ...,
         stop_reason: _sampling_pb2.StopReason | None = ...,
         error: _status_pb2.Status | None = ...,
+        beams: _abc.Iterable[Global___Beam] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "stop_reason", b"stop_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "key", b"key", "stop_reason", b"stop_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beams", b"beams", "error", b"error", "finish_reason", b"finish_reason", "key", b"key", "stop_reason", b"stop_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DecodeEnd: _TypeAlias = DecodeEnd  # noqa: Y015
+
+@_typing.final
+class Beam(_message.Message):
+    """One returned beam of a beam search request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
+    cumulative_logprob: _builtins.float
+    """The sum of the token log-probs."""
+    finish_reason: _sampling_pb2.FinishReason.ValueType
+    """Why the beam ended: FINISH_REASON_STOP (a stop token, in stop_reason) or FINISH_REASON_LENGTH."""
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The generated token ids (the prompt not included)."""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The log-prob of each token."""
+
+    @_builtins.property
+    def stop_reason(self) -> _sampling_pb2.StopReason:
+        """The stop token that ended it, with FINISH_REASON_STOP."""
+
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        cumulative_logprob: _builtins.float = ...,
+        finish_reason: _sampling_pb2.FinishReason.ValueType = ...,
+        stop_reason: _sampling_pb2.StopReason | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stop_reason", b"stop_reason"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cumulative_logprob", b"cumulative_logprob", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "stop_reason", b"stop_reason", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Beam: _TypeAlias = Beam  # noqa: Y015
 
 @_typing.final
 class ReleaseRequest(_message.Message):

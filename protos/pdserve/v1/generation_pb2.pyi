@@ -227,6 +227,7 @@ class GenerateResponse(_message.Message):
     STOP_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The request's id (the caller's, or the one the server assigned)."""
     index: _builtins.int
@@ -235,6 +236,8 @@ class GenerateResponse(_message.Message):
     """Text generated in this step (a delta; may be empty while a multi-byte character is incomplete)."""
     finish_reason: _sampling_pb2.FinishReason.ValueType
     """Set on the completion's last message; FINISH_REASON_UNSPECIFIED before."""
+    cumulative_logprob: _builtins.float
+    """On the last message of a completion of a best_of or beam search request: the sum of its tokens' log-probs."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Token ids generated in this step."""
@@ -269,12 +272,15 @@ class GenerateResponse(_message.Message):
         stop_reason: _sampling_pb2.StopReason | None = ...,
         usage: _sampling_pb2.Usage | None = ...,
         metrics: Global___RequestMetrics | None = ...,
+        cumulative_logprob: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "stop_reason", b"stop_reason", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cumulative_logprob", b"_cumulative_logprob", "cumulative_logprob", b"cumulative_logprob", "metrics", b"metrics", "stop_reason", b"stop_reason", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "metrics", b"metrics", "request_id", b"request_id", "stop_reason", b"stop_reason", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cumulative_logprob", b"_cumulative_logprob", "cumulative_logprob", b"cumulative_logprob", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "metrics", b"metrics", "request_id", b"request_id", "stop_reason", b"stop_reason", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cumulative_logprob: _TypeAlias = _typing.Literal["cumulative_logprob"]  # noqa: Y015
+    _WhichOneofArgType__cumulative_logprob: _TypeAlias = _typing.Literal["_cumulative_logprob", b"_cumulative_logprob"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cumulative_logprob) -> _WhichOneofReturnType__cumulative_logprob | None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 

@@ -71,6 +71,10 @@ class SamplingParams(_message.Message):
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    BEST_OF_FIELD_NUMBER: _builtins.int
+    USE_BEAM_SEARCH_FIELD_NUMBER: _builtins.int
+    LENGTH_PENALTY_FIELD_NUMBER: _builtins.int
+    EARLY_STOPPING_FIELD_NUMBER: _builtins.int
     n: _builtins.int
     """Number of completions to generate for the prompt. Unset: 1."""
     temperature: _builtins.float
@@ -99,6 +103,18 @@ class SamplingParams(_message.Message):
     """Return the log probability of each sampled token."""
     priority: _builtins.int
     """Scheduling priority; lower values are scheduled first. Default 0."""
+    best_of: _builtins.int
+    """Sample best_of completions and return the n with the highest cumulative log-prob (>= n); with use_beam_search,
+    the beam width. Unset: n.
+    """
+    use_beam_search: _builtins.bool
+    """Beam search (greedy: temperature must be 0): the n best of best_of beams come back, best first."""
+    length_penalty: _builtins.float
+    """Beam search scores a beam cumulative log-prob / generated length ** length_penalty. Unset: 1.0."""
+    early_stopping: _builtins.str
+    """When beam search stops: "true" once best_of beams finished; "false" (or empty, the default) once no running
+    beam can beat them (transformers' heuristic); "never" only when that is certain.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Strings that end a completion when generated; each must be non-empty."""
@@ -126,11 +142,19 @@ class SamplingParams(_message.Message):
         include_stop_str_in_output: _builtins.bool = ...,
         logprobs: _builtins.bool = ...,
         priority: _builtins.int = ...,
+        best_of: _builtins.int | None = ...,
+        use_beam_search: _builtins.bool = ...,
+        length_penalty: _builtins.float | None = ...,
+        early_stopping: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_n", b"_n", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "n", b"n", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_best_of", b"_best_of", "_length_penalty", b"_length_penalty", "_max_tokens", b"_max_tokens", "_n", b"_n", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "best_of", b"best_of", "length_penalty", b"length_penalty", "max_tokens", b"max_tokens", "n", b"n", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_n", b"_n", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "n", b"n", "presence_penalty", b"presence_penalty", "priority", b"priority", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_of", b"_best_of", "_length_penalty", b"_length_penalty", "_max_tokens", b"_max_tokens", "_n", b"_n", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "best_of", b"best_of", "early_stopping", b"early_stopping", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "length_penalty", b"length_penalty", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "n", b"n", "presence_penalty", b"presence_penalty", "priority", b"priority", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p", "use_beam_search", b"use_beam_search"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__best_of: _TypeAlias = _typing.Literal["best_of"]  # noqa: Y015
+    _WhichOneofArgType__best_of: _TypeAlias = _typing.Literal["_best_of", b"_best_of"]  # noqa: Y015
+    _WhichOneofReturnType__length_penalty: _TypeAlias = _typing.Literal["length_penalty"]  # noqa: Y015
+    _WhichOneofArgType__length_penalty: _TypeAlias = _typing.Literal["_length_penalty", b"_length_penalty"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
     _WhichOneofReturnType__n: _TypeAlias = _typing.Literal["n"]  # noqa: Y015
@@ -145,6 +169,10 @@ class SamplingParams(_message.Message):
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__best_of) -> _WhichOneofReturnType__best_of | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__length_penalty) -> _WhichOneofReturnType__length_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
     @_typing.overload
