@@ -120,6 +120,8 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         requests: list[Request] = []
         num_preemptions = self.num_preemptions
+        if self.drafts is not None:
+            self.drafts.speculator.begin_step(self.running)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
