@@ -136,7 +136,8 @@ class Scheduler:
             )
             if not drafts and not self._allocate_or_preempt(request, index, num_new):
                 break
-            scheduled.append(self._schedule(request, num_new, new_admission=False, drafts=drafts))
+            rewrite = self.drafts is not None and self.drafts.take_trimmed(request.req_id)
+            scheduled.append(self._schedule(request, num_new, new_admission=rewrite, drafts=drafts))
             requests.append(request)
             budget -= num_new + len(drafts)
             index += 1
@@ -280,7 +281,7 @@ class Scheduler:
         del self.requests[request.req_id]
         self._finished_req_ids.add(request.req_id)
         if self.drafts is not None:
-            self.drafts.speculator.forget(request.req_id)
+            self.drafts.forget(request.req_id)
 
 
 def _rank(request: Request) -> tuple[int, float]:
