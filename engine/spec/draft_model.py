@@ -18,7 +18,9 @@ draft's token at position p comes from the same (seed, p) noise as the target's 
 distribution equals the target's proposes exactly the target's tokens (acceptance 1 for greedy and sampled alike),
 and greedy requests take the draft's argmax. Exactness does not depend on it: the target's sample at each position
 is a function of its seed, the position and the accepted prefix only, and proposals are accepted while they equal
-it (PendingOutput), so the output is that of the target alone, whatever the draft proposed.
+it (PendingOutput), so the output is that of the target alone, whatever the draft proposed. NOTE: with penalties the
+draft's steps 2..k do not count its own earlier proposals among the output tokens (they stay on the device), so its
+proposals may differ from the target's samples there.
 
 draft_replay (benchmarks): the draft runs every step as above, but each proposal is replay's recorded token
 (engine.spec.replay) where it has one, fed to the next step in place of the draft's sample: the draft's full cost at
