@@ -37,10 +37,6 @@ class SpeculativeConfig:
             "engine.spec.replay"
         ),
     )
-    model: str = field(
-        default="",
-        metadata=doc("draft_model, draft_replay: the draft model, a folder or alias resolved as --model is"),
-    )
     num_speculative_tokens: int = field(default=4, metadata=doc("most tokens proposed per request per step (k)"))
     prompt_lookup_max: int = field(default=4, metadata=doc("ngram: longest suffix n-gram looked up"))
     prompt_lookup_min: int = field(default=1, metadata=doc("ngram: shortest suffix n-gram looked up"))
@@ -56,6 +52,10 @@ class SpeculativeConfig:
     )
     probe_interval: int = field(
         default=16, metadata=doc("a request that stopped proposing tries again after this many steps")
+    )
+    model: str = field(
+        default="",
+        metadata=doc("draft_model, draft_replay: the draft model, a folder or alias resolved as --model is"),
     )
 
     def __post_init__(self) -> None:
