@@ -1,7 +1,7 @@
 """Draft-model speculation through the router: the decode pod drafts with SmolLM2 itself (the packaged alias as
 `model`, resolved on the pod) and prefills the draft's KV from the prompt it received; a request streams the same
-greedy tokens as the offline engine without speculation, and (nearly) every proposal is accepted. Its own 1 prefill + 1 decode
-cluster (soak: a cluster start is too long for the default run)."""
+greedy tokens as the offline engine without speculation, and (nearly) every proposal is accepted. Its own 1 prefill
++ 1 decode cluster (soak: a cluster start is too long for the default run)."""
 
 from __future__ import annotations
 
