@@ -1,7 +1,6 @@
 """Draft-model speculation on the packaged SmolLM2 (the target): greedy output equals the output without speculation,
 with SmolLM2 as its own draft (every proposal accepted) and with a random-weight draft of its vocabulary (almost
-none). Soak: about 7 s of CPU (three SmolLM2 loads), past what the default run affords; the tiny-model tests
-(test_spec_draft.py) carry the same checks there."""
+none)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import LLM, SamplingParams
 
-pytestmark = pytest.mark.soak
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
 
 
