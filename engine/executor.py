@@ -45,11 +45,12 @@ class Executor(Protocol):
         ...
 
 
-def make_executor(config: EngineConfig, model_path: Path) -> Executor:
+def make_executor(config: EngineConfig, model_path: Path, draft_block_nbytes: int = 0) -> Executor:
+    """`draft_block_nbytes`: a draft model's KV bytes per block, paid from the pool budget (one device only)."""
     if config.parallel.world_size == 1:
         from engine.model_runner import ModelRunner
 
-        return ModelRunner(config, model_path)
+        return ModelRunner(config, model_path, draft_block_nbytes=draft_block_nbytes)
     from engine.parallel.executor import ParallelExecutor
 
     return ParallelExecutor(config, model_path)

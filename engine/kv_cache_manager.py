@@ -159,17 +159,19 @@ class KVCacheManager:
             )
         self._num_cached_blocks[req_id] = num_full
 
-    def trim(self, req_id: str, num_tokens: int) -> None:
+    def trim(self, req_id: str, num_tokens: int) -> bool:
         """Shrink the request's table to `ceil(num_tokens / block_size)` blocks (speculative decoding takes back
-        rejected proposals); the blocks past it were never cached and go back to the free queue, tail first."""
+        rejected proposals); the blocks past it were never cached and go back to the free queue, tail first. Whether
+        any block went."""
         blocks = self._req_blocks[req_id]
         keep = -(-num_tokens // self.block_size)
         if keep >= len(blocks):
-            return
+            return False
         assert keep >= self._num_cached_blocks[req_id], "trimming a cached block"
         dropped = blocks[keep:]
         del blocks[keep:], self._req_block_ids[req_id][keep:]
         self.block_pool.free_blocks(reversed(dropped))
+        return True
 
     def fork(self, parents: Mapping[str, str]) -> None:
         """Each request `child` of `parents` now holds the blocks of request `parents[child]` (as they were before

@@ -21,7 +21,9 @@ from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
 from engine.scheduler_output import EngineOutput, RunnerOutput, SchedulerOutput
-from engine.spec.config import SpeculativeConfig
+from engine.spec.config import DRAFT_METHODS, SpeculativeConfig
+from engine.spec.draft_runner import load_draft_runner
+from engine.spec.draft_speculator import draft_speculator
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import Proposer
 from engine.spec.replay import ReplayProposer
@@ -43,6 +45,7 @@ def _eos_token_ids(folder: Path, from_config: tuple[int, ...]) -> tuple[int, ...
 def _speculator(config: SpeculativeConfig | None, async_scheduling: bool) -> Speculator | None:
     if config is None:
         return None
+    assert config.method not in DRAFT_METHODS, "a draft model's speculator is built by draft_speculator"
     proposer: Proposer
     if config.method == "replay":
         proposer = ReplayProposer(config.replay_corruption)
@@ -55,7 +58,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_path = resolve_model(config.model.model)
-        self.executor = make_executor(config, self.model_path)
+        spec = config.speculative_config
+        # NOTE: the draft's weights load first, so that the target's KV pool budget counts them as used.
+        draft = None if spec is None or spec.method not in DRAFT_METHODS else load_draft_runner(config, self.model_path)
+        self.executor = make_executor(config, self.model_path, 0 if draft is None else draft.block_nbytes)
         arch = self.executor.arch
         self.info = RuntimeInfo(
             model_id=config.model.model,
@@ -72,7 +78,18 @@ class LLMEngine:
         if configured is None:
             configured = self.executor.device.type == "cuda" and config.parallel.pipeline_parallel_size == 1
         self.async_scheduling = configured
-        self.speculator = _speculator(config.speculative_config, self.async_scheduling)
+        self.speculator = (
+            _speculator(spec, self.async_scheduling)
+            if draft is None or spec is None
+            else draft_speculator(
+                spec,
+                draft,
+                self.runner,
+                self.kv_cache_manager,
+                config.scheduler.max_num_batched_tokens,
+                self.async_scheduling,
+            )
+        )
         self.scheduler = Scheduler(
             config.scheduler.for_device(self.executor.device.type),
             self.kv_cache_manager,

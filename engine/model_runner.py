@@ -68,6 +68,7 @@ class ModelRunner:
         model_path: Path,
         device: torch.device | None = None,
         comm: Communicator = SINGLE_RANK,
+        draft_block_nbytes: int = 0,
     ) -> None:
         self.device = device or resolve_device(config.model.device)
         self.arch = ArchConfig.from_folder(model_path)
@@ -84,7 +85,7 @@ class ModelRunner:
         kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
         self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
         self.num_kv_heads = kv_heads.stop - kv_heads.start
-        self.num_blocks = comm.min_over_world(self._num_kv_blocks(config.cache), self.device)
+        self.num_blocks = comm.min_over_world(self._num_kv_blocks(config.cache, draft_block_nbytes), self.device)
         self.kv_cache = self._allocate_kv_pool()
         self.kv_caches = [self.kv_cache[:, layer] for layer in range(self.num_layers)]
         self.max_model_len = self._max_model_len(config.model.max_model_len)
@@ -163,10 +164,12 @@ class ModelRunner:
         """None: the pool is this process's own."""
         return [None]
 
-    def _num_kv_blocks(self, cache: CacheConfig) -> int:
+    def _num_kv_blocks(self, cache: CacheConfig, draft_block_nbytes: int = 0) -> int:
+        """Blocks the budget holds; with a draft model (engine.spec.draft_runner) each block id also has
+        `draft_block_nbytes` of draft KV, paid from the same budget."""
         if cache.num_blocks is not None:
             return cache.num_blocks
-        block_nbytes = (
+        block_nbytes = draft_block_nbytes + (
             self.num_layers * 2 * self.block_size * self.num_kv_heads * self.arch.head_dim * self.kv_dtype.itemsize
         )
         if self.device.type == "cuda":

@@ -134,6 +134,8 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         requests: list[Request] = []
         num_preemptions = self.num_preemptions
+        if self.drafts is not None:
+            self.drafts.speculator.begin_step(self.running)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -148,7 +150,9 @@ class Scheduler:
             )
             if not drafts and not self._allocate_or_preempt(request, index, num_new):
                 break
-            scheduled.append(self._schedule(request, num_new, new_admission=request.blocks_replaced, drafts=drafts))
+            trimmed = self.drafts is not None and self.drafts.take_trimmed(request.req_id)
+            rewrite = request.blocks_replaced or trimmed
+            scheduled.append(self._schedule(request, num_new, new_admission=rewrite, drafts=drafts))
             requests.append(request)
             budget -= num_new + len(drafts)
             index += 1
@@ -304,7 +308,7 @@ class Scheduler:
         if self.swapper is not None:
             self.swapper.discard(request.req_id)
         if self.drafts is not None:
-            self.drafts.speculator.forget(request.req_id)
+            self.drafts.forget(request.req_id)
 
 
 def _rank(request: Request) -> tuple[int, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -84,11 +85,13 @@ async def _serve_until_stopping(runtime: PodRuntime, front: PodFront) -> bool:
 
 
 def core_spec(role: PodRole, config: PodConfig) -> CoreSpec:
-    """What the role's engine core process needs of the pod's config."""
+    """What the role's engine core process needs of the pod's config. A prefill pod's engine never speculates (it
+    samples one token per request): it drops `speculative_config`, which would load a draft model for nothing."""
     receiver = config.receiver or KVReceiverConfig()
+    engine = config.engine if role != "prefill" else dataclasses.replace(config.engine, speculative_config=None)
     return CoreSpec(
         role=role,
-        engine=config.engine,
+        engine=engine,
         kv_transfer_backend=config.transfer.kv_transfer_backend,
         tls=config.tls,
         kv_lease_s=config.transfer.kv_lease_s,

@@ -16,7 +16,9 @@ from typing import Any
 from common.config import doc
 from common.errors import InvalidArgumentError
 
-METHODS = ("ngram", "replay")
+DRAFT_METHODS = ("draft_model", "draft_replay")
+"""Methods that run a draft model (engine.spec.draft_model)."""
+METHODS = ("ngram", "replay", *DRAFT_METHODS)
 _PREFIX = "speculative_config"
 
 
@@ -29,7 +31,11 @@ def _require(ok: bool, field_name: str, message: str) -> None:
 class SpeculativeConfig:
     method: str = field(
         default="ngram",
-        metadata=doc("ngram (prompt lookup), or replay (benchmarks and tests: see engine.spec.replay)"),
+        metadata=doc(
+            "ngram (prompt lookup); draft_model (a small model of the same tokenizer, `model`); replay, or "
+            "draft_replay (the draft model's cost with replay's proposals): benchmarks and tests, see "
+            "engine.spec.replay"
+        ),
     )
     num_speculative_tokens: int = field(default=4, metadata=doc("most tokens proposed per request per step (k)"))
     prompt_lookup_max: int = field(default=4, metadata=doc("ngram: longest suffix n-gram looked up"))
@@ -47,9 +53,19 @@ class SpeculativeConfig:
     probe_interval: int = field(
         default=16, metadata=doc("a request that stopped proposing tries again after this many steps")
     )
+    model: str = field(
+        default="",
+        metadata=doc("draft_model, draft_replay: the draft model, a folder or alias resolved as --model is"),
+    )
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, "method", f"must be one of {METHODS}, got {self.method!r}")
+        _require(
+            bool(self.model) == (self.method in DRAFT_METHODS),
+            "model",
+            f"names the draft model of the methods {DRAFT_METHODS} and only theirs (method {self.method!r}, "
+            f"model {self.model!r})",
+        )
         _require(
             self.num_speculative_tokens > 0,
             "num_speculative_tokens",
@@ -111,7 +127,8 @@ class SpeculativeFlags:
         default=None,
         metadata=doc(
             'speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4, '
-            '"prompt_lookup_max": 4, "prompt_lookup_min": 1}; unset: off'
+            '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or {"method": "draft_model", "model": "FOLDER", '
+            '"num_speculative_tokens": 4}; unset: off'
         ),
     )
 

@@ -6,7 +6,9 @@ that verified them is back, the rejected ones taken back.
 2. The step computes the newest token and the proposals; the runner accepts a prefix of them.
 3. `settle(request, num_drafts, num_accepted)` (update time): the rejected proposals' computed tokens are taken back
    and the blocks past the accepted ones freed (`KVCacheManager.trim`) before any block is hashed, so only verified
-   tokens' blocks reach the prefix cache; the Speculator records the acceptance.
+   tokens' blocks reach the prefix cache; the Speculator records the acceptance. The request's next step rewrites
+   the runner's copy of its block table (`take_trimmed`).
+4. `forget(req_id)` when it finishes or is aborted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class DraftSlots:
         self.speculator = speculator
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
+        self._trimmed: set[str] = set()
 
     def propose(self, request: Request, budget: int, num_running: int) -> list[int]:
         """Proposals to verify after a decoding request's newest token (which uses one of `budget` tokens)."""
@@ -34,5 +37,19 @@ class DraftSlots:
         """Take back the computed tokens of rejected proposals and free the blocks past the accepted ones (the slot
         of the newest token, computed next step, is kept)."""
         request.num_computed_tokens -= num_drafts - num_accepted
-        self.kv.trim(request.req_id, request.num_computed_tokens + 1)
+        if self.kv.trim(request.req_id, request.num_computed_tokens + 1):
+            self._trimmed.add(request.req_id)
         self.speculator.record(request.req_id, num_drafts, num_accepted)
+
+    def take_trimmed(self, req_id: str) -> bool:
+        """Whether the request's block table lost blocks since it was last scheduled: its next step must rewrite the
+        runner's copy of the table (`ScheduledRequest.new_admission`), since the table may grow back to the same
+        length with other blocks, which a copy that only appends would not see."""
+        if req_id not in self._trimmed:
+            return False
+        self._trimmed.discard(req_id)
+        return True
+
+    def forget(self, req_id: str) -> None:
+        self._trimmed.discard(req_id)
+        self.speculator.forget(req_id)

@@ -42,8 +42,10 @@ class _RequestState:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, back_off: bool = False) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None, back_off: bool = False) -> None:
         self.config = config
+        # NOTE: None only under a subclass that proposes for the whole batch in `begin_step`; there, a replay
+        # proposer (draft_replay) steers the draft model.
         self.proposer = proposer
         self._max_pause = config.probe_interval if back_off else 1
         self.stats = SpecStats()
@@ -60,27 +62,41 @@ class Speculator:
                 return True
         return False
 
+    def begin_step(self, running: list[Request]) -> None:
+        """Called before a step is scheduled, with the running batch: a proposer that drafts the whole batch at once
+        (engine.spec.draft_speculator) does it here; this one proposes per request in `propose`."""
+
     def propose(self, request: Request, max_new: int, num_running: int) -> list[int]:
         """At most `max_new` proposed tokens to verify after the request's newest token this step (maybe none)."""
-        if num_running >= self.config.disable_by_batch_size:
+        limit = self._ask(request, max_new, num_running)
+        if limit <= 0:
             return []
+        assert self.proposer is not None
+        drafts = self.proposer.propose(np.asarray(request.all_token_ids, dtype=np.int64), limit)
+        self._answered(request.req_id, len(drafts))
+        return [int(t) for t in drafts[:limit]]
+
+    def _ask(self, request: Request, max_new: int, num_running: int) -> int:
+        """How many tokens to ask the proposer for on this request's behalf this step (0: none); a positive answer
+        counts as an ask, whose outcome `_answered` records."""
+        if num_running >= self.config.disable_by_batch_size:
+            return 0
         state = self._states.setdefault(request.req_id, _RequestState())
         state.idle_steps += 1
         if state.idle_steps < self._pause(state):
-            return []
+            return 0
         # NOTE: with the newest token still in flight (async scheduling) nothing can be proposed; an ask that is
         # due stays due, and `wants_to_propose` makes the engine wait for that token before the next step.
         if request.num_placeholders or request.num_computed_tokens != request.num_tokens - 1:
-            return []
+            return 0
         state.idle_steps = 0
         num_outputs = len(request.output_token_ids)
         length = self._length(state) or self.config.num_speculative_tokens
-        limit = min(length, request.sampling_params.max_tokens - num_outputs - 1, max_new)
-        if limit <= 0:
-            return []
-        drafts = self.proposer.propose(np.asarray(request.all_token_ids, dtype=np.int64), limit)
-        state.pause = 1 if len(drafts) else min(2 * state.pause, self._max_pause)
-        return [int(t) for t in drafts[:limit]]
+        return min(length, request.sampling_params.max_tokens - num_outputs - 1, max_new)
+
+    def _answered(self, req_id: str, num_drafts: int) -> None:
+        state = self._states[req_id]
+        state.pause = 1 if num_drafts else min(2 * state.pause, self._max_pause)
 
     def _pause(self, state: _RequestState) -> int:
         """Steps from one ask of the proposer to the next: `probe_interval` below min_acceptance, else its pause."""

@@ -23,7 +23,10 @@ def test_parse_dict_json_and_off() -> None:
     ("value", "message"),
     [
         ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens: must be > 0, got 0"),
-        ({"method": "eagle"}, "speculative_config.method: must be one of ('ngram', 'replay'), got 'eagle'"),
+        (
+            {"method": "eagle"},
+            "speculative_config.method: must be one of ('ngram', 'replay', 'draft_model', 'draft_replay'), got 'eagle'",
+        ),
         ({"prompt_lookup_max": "4"}, "speculative_config.prompt_lookup_max: must be a int, got '4'"),
         ({"k": 4}, "speculative_config.k: unknown field"),
         ("{oops", "speculative_config: not valid JSON"),
