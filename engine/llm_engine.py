@@ -9,12 +9,15 @@ from pathlib import Path
 
 from common.block_hash import block_extra_keys
 from common.errors import InvalidArgumentError
+from common.multimodal import ImageInput
 from common.sampling_params import SamplingParams
 from engine.config import EngineConfig
 from engine.executor import PendingResult, make_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.model_store import resolve_model
+from engine.multimodal.features import ImageFeature
+from engine.multimodal.image_inputs import ImageInputs
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
@@ -83,6 +86,7 @@ class LLMEngine:
             self.speculator,
         )
         self._pending: tuple[SchedulerOutput, PendingResult] | None = None
+        self.image_inputs = ImageInputs.from_folder(self.model_path)
 
     @property
     def runner(self) -> ModelRunner:
@@ -123,17 +127,31 @@ class LLMEngine:
         params: SamplingParams,
         hold_kv: bool = False,
         cache_salt: str | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> None:
         """Queue a request. With `hold_kv` (prefill pods) its blocks outlive it until `release_kv`. A `cache_salt`
-        keys its prefix cache blocks instead of the engine's --cache-salt: it shares blocks only with that salt."""
+        keys its prefix cache blocks instead of the engine's --cache-salt: it shares blocks only with that salt.
+        `images` (a vision-language model's) fill their placeholders in the prompt."""
         self.validate(prompt_token_ids, params)
         self._check_new_id(req_id)
         extra_keys = None if cache_salt is None else block_extra_keys(self.config.model.model, cache_salt)
+        features = self._image_features(prompt_token_ids, images) if images else ()
         self.scheduler.add_request(
             Request(
-                req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv, block_extra_keys=extra_keys
+                req_id,
+                prompt_token_ids,
+                params,
+                self.info.eos_token_ids,
+                hold_kv=hold_kv,
+                block_extra_keys=extra_keys,
+                mm_features=features,
             )
         )
+
+    def _image_features(self, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> tuple[ImageFeature, ...]:
+        if self.image_inputs is None:
+            raise InvalidArgumentError("images", f"{self.config.model.model} takes no image inputs")
+        return self.image_inputs.features(prompt_token_ids, images)
 
     def _check_new_id(self, req_id: str) -> None:
         if req_id in self.scheduler.requests or req_id in self.scheduler.held_kv:

@@ -22,6 +22,7 @@ from engine.input_batch import InputBatch, ModelInput, PreviousSample
 from engine.layers.quant.registry import resolve_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
+from engine.multimodal.prompt_embedder import PromptEmbedder
 from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
@@ -75,6 +76,9 @@ class ModelRunner:
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device)
         self.model = load_model(model_path, config.model, backend, self.dtype, self.device, comm)
+        self.prompt_embedder = PromptEmbedder.for_model(
+            model_path, self.model.model.embed_tokens, self.dtype, self.device, comm.rank.world_size
+        )
         kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
         self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
         self.num_kv_heads = kv_heads.stop - kv_heads.start
@@ -202,14 +206,21 @@ class ModelRunner:
         if not scheduler_output.scheduled:
             self._previous = None
             return NO_OUTPUT
-        graph_shape = self._graph_shape(scheduler_output)
+        # NOTE: a step computing image placeholders runs eagerly, on input embeddings.
+        images = self.prompt_embedder is not None and self.prompt_embedder.has_images(scheduler_output.scheduled)
+        graph_shape = None if images else self._graph_shape(scheduler_output)
         graph_bs, query_len = (None, 1) if graph_shape is None else graph_shape
         inputs = self.input_batch.prepare(scheduler_output, graph_bs, self._previous, query_len)
         if graph_bs is not None:
             assert self.cuda_graphs is not None
             hidden = self.cuda_graphs.replay(graph_bs, query_len)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+            embeds = None
+            if images:
+                assert self.prompt_embedder is not None
+                qsl = inputs.metadata.query_start_loc_cpu
+                embeds = self.prompt_embedder.embeddings(scheduler_output.scheduled, inputs.input_ids, qsl)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, embeds)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
         if not sampling or not self.comm.rank.is_last_stage:
             self._previous = None
