@@ -7,37 +7,23 @@ header is read first and an image past `max_pixels` is refused before its pixels
 
 from __future__ import annotations
 
-import io
-import warnings
-
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from common.errors import InvalidArgumentError
+from common.image_probe import DEFAULT_MAX_PIXELS, probe_image
 from engine.multimodal.vlm_config import ImageProcessorConfig
-
-SUPPORTED_FORMATS = ("PNG", "JPEG")
-DEFAULT_MAX_PIXELS = 64 * 2**20
 
 
 def open_image(data: bytes, field: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """The decoded RGB image of PNG or JPEG `data`; InvalidArgumentError(field) for anything else or past
     `max_pixels`."""
+    image = probe_image(data, field, max_pixels)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
-            width, height = image.size
-            if width * height > max_pixels:
-                raise InvalidArgumentError(field, f"image of {width}x{height} pixels is over the {max_pixels} limit")
-            image.load()
-    except InvalidArgumentError:
-        raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        image.load()
+    except (OSError, SyntaxError, ValueError) as exc:
         raise InvalidArgumentError(field, f"not a decodable PNG or JPEG image ({exc})") from None
-    except Image.DecompressionBombWarning as exc:
-        raise InvalidArgumentError(field, f"image too large ({exc})") from None
     return image.convert("RGB")
 
 

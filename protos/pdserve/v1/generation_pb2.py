@@ -26,53 +26,57 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from pdserve.v1 import sampling_pb2 as pdserve_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19pdserve/v1/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x88\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\nrequest_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_request_idB\r\n\x0b_cache_salt\"\x95\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x07 \x01(\x0b\x32\x16.pdserve.v1.StopReason\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12+\n\x07metrics\x18\t \x01(\x0b\x32\x1a.pdserve.v1.RequestMetrics\"\xa0\x02\n\x0eRequestMetrics\x12\x16\n\x0eprefill_pod_id\x18\x01 \x01(\t\x12\x15\n\rdecode_pod_id\x18\x02 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x04\x12\x37\n\x14kv_transfer_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x1atime_to_first_decode_token\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cnum_attempts\x18\x07 \x01(\r\"\x15\n\x13GetModelInfoRequest\"~\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\"X\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"M\n\rAbortResponse\x12\'\n\x06result\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.AbortResult\x12\x13\n\x0bnum_aborted\x18\x02 \x01(\r\"\x16\n\x14GetServerInfoRequest\"\x9f\x01\n\nPodSummary\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\x07 \x01(\r\"\xfc\x01\n\x15GetServerInfoResponse\x12/\n\x05model\x18\x01 \x01(\x0b\x32 .pdserve.v1.GetModelInfoResponse\x12\r\n\x05roles\x18\x02 \x03(\t\x12$\n\x04pods\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.PodSummary\x12\x18\n\x10num_prefill_pods\x18\x04 \x01(\r\x12\x17\n\x0fnum_decode_pods\x18\x05 \x01(\r\x12\x1b\n\x13tokenizer_pool_size\x18\x06 \x01(\r\x12\x11\n\thttp_port\x18\x07 \x01(\r\x12\x1a\n\x12num_router_workers\x18\x08 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\x07PodLoad\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.PodSummary\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\"\x91\x01\n\x0fGetLoadResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x1c\n\x14num_running_requests\x18\x02 \x01(\r\x12!\n\x04pods\x18\x03 \x03(\x0b\x32\x13.pdserve.v1.PodLoad\x12\x15\n\rrouter_worker\x18\x04 \x01(\r*\x84\x01\n\x0b\x41\x62ortResult\x12\x1c\n\x18\x41\x42ORT_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x42ORT_RESULT_ABORTED\x10\x01\x12!\n\x1d\x41\x42ORT_RESULT_ALREADY_FINISHED\x10\x02\x12\x1a\n\x16\x41\x42ORT_RESULT_NOT_FOUND\x10\x03*`\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVER_STATE_SERVING\x10\x01\x12\x19\n\x15SERVER_STATE_DRAINING\x10\x02\x32\xce\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a .pdserve.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12T\n\rGetServerInfo\x12 .pdserve.v1.GetServerInfoRequest\x1a!.pdserve.v1.GetServerInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x1b.pdserve.v1.GetLoadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19pdserve/v1/sampling.proto\"\x19\n\tImagePart\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"M\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x05image\x18\x02 \x01(\x0b\x32\x15.pdserve.v1.ImagePartH\x00\x42\x06\n\x04part\"\\\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12.\n\rcontent_parts\x18\x03 \x03(\x0b\x32\x17.pdserve.v1.ContentPart\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x88\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\nrequest_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_request_idB\r\n\x0b_cache_salt\"\x95\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x07 \x01(\x0b\x32\x16.pdserve.v1.StopReason\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12+\n\x07metrics\x18\t \x01(\x0b\x32\x1a.pdserve.v1.RequestMetrics\"\xa0\x02\n\x0eRequestMetrics\x12\x16\n\x0eprefill_pod_id\x18\x01 \x01(\t\x12\x15\n\rdecode_pod_id\x18\x02 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x04\x12\x37\n\x14kv_transfer_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x1atime_to_first_decode_token\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cnum_attempts\x18\x07 \x01(\r\"\x15\n\x13GetModelInfoRequest\"~\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\"X\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"M\n\rAbortResponse\x12\'\n\x06result\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.AbortResult\x12\x13\n\x0bnum_aborted\x18\x02 \x01(\r\"\x16\n\x14GetServerInfoRequest\"\x9f\x01\n\nPodSummary\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\x07 \x01(\r\"\xfc\x01\n\x15GetServerInfoResponse\x12/\n\x05model\x18\x01 \x01(\x0b\x32 .pdserve.v1.GetModelInfoResponse\x12\r\n\x05roles\x18\x02 \x03(\t\x12$\n\x04pods\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.PodSummary\x12\x18\n\x10num_prefill_pods\x18\x04 \x01(\r\x12\x17\n\x0fnum_decode_pods\x18\x05 \x01(\r\x12\x1b\n\x13tokenizer_pool_size\x18\x06 \x01(\r\x12\x11\n\thttp_port\x18\x07 \x01(\r\x12\x1a\n\x12num_router_workers\x18\x08 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\x07PodLoad\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.PodSummary\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\"\x91\x01\n\x0fGetLoadResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x1c\n\x14num_running_requests\x18\x02 \x01(\r\x12!\n\x04pods\x18\x03 \x03(\x0b\x32\x13.pdserve.v1.PodLoad\x12\x15\n\rrouter_worker\x18\x04 \x01(\r*\x84\x01\n\x0b\x41\x62ortResult\x12\x1c\n\x18\x41\x42ORT_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x42ORT_RESULT_ABORTED\x10\x01\x12!\n\x1d\x41\x42ORT_RESULT_ALREADY_FINISHED\x10\x02\x12\x1a\n\x16\x41\x42ORT_RESULT_NOT_FOUND\x10\x03*`\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVER_STATE_SERVING\x10\x01\x12\x19\n\x15SERVER_STATE_DRAINING\x10\x02\x32\xce\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a .pdserve.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12T\n\rGetServerInfo\x12 .pdserve.v1.GetServerInfoRequest\x1a!.pdserve.v1.GetServerInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x1b.pdserve.v1.GetLoadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ABORTRESULT']._serialized_start=2281
-  _globals['_ABORTRESULT']._serialized_end=2413
-  _globals['_SERVERSTATE']._serialized_start=2415
-  _globals['_SERVERSTATE']._serialized_end=2511
-  _globals['_CHATMESSAGE']._serialized_start=102
-  _globals['_CHATMESSAGE']._serialized_end=146
-  _globals['_CHATMESSAGES']._serialized_start=148
-  _globals['_CHATMESSAGES']._serialized_end=205
-  _globals['_TOKENIDS']._serialized_start=207
-  _globals['_TOKENIDS']._serialized_end=236
-  _globals['_GENERATEREQUEST']._serialized_start=239
-  _globals['_GENERATEREQUEST']._serialized_end=503
-  _globals['_GENERATERESPONSE']._serialized_start=506
-  _globals['_GENERATERESPONSE']._serialized_end=783
-  _globals['_REQUESTMETRICS']._serialized_start=786
-  _globals['_REQUESTMETRICS']._serialized_end=1074
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1076
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1097
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1099
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1225
-  _globals['_TOKENIZEREQUEST']._serialized_start=1227
-  _globals['_TOKENIZEREQUEST']._serialized_end=1315
-  _globals['_TOKENIZERESPONSE']._serialized_start=1317
-  _globals['_TOKENIZERESPONSE']._serialized_end=1374
-  _globals['_ABORTREQUEST']._serialized_start=1376
-  _globals['_ABORTREQUEST']._serialized_end=1410
-  _globals['_ABORTRESPONSE']._serialized_start=1412
-  _globals['_ABORTRESPONSE']._serialized_end=1489
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1491
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1513
-  _globals['_PODSUMMARY']._serialized_start=1516
-  _globals['_PODSUMMARY']._serialized_end=1675
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=1678
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1930
-  _globals['_GETLOADREQUEST']._serialized_start=1932
-  _globals['_GETLOADREQUEST']._serialized_end=1948
-  _globals['_PODLOAD']._serialized_start=1951
-  _globals['_PODLOAD']._serialized_end=2130
-  _globals['_GETLOADRESPONSE']._serialized_start=2133
-  _globals['_GETLOADRESPONSE']._serialized_end=2278
-  _globals['_GENERATIONSERVICE']._serialized_start=2514
-  _globals['_GENERATIONSERVICE']._serialized_end=2976
+  _globals['_ABORTRESULT']._serialized_start=2435
+  _globals['_ABORTRESULT']._serialized_end=2567
+  _globals['_SERVERSTATE']._serialized_start=2569
+  _globals['_SERVERSTATE']._serialized_end=2665
+  _globals['_IMAGEPART']._serialized_start=102
+  _globals['_IMAGEPART']._serialized_end=127
+  _globals['_CONTENTPART']._serialized_start=129
+  _globals['_CONTENTPART']._serialized_end=206
+  _globals['_CHATMESSAGE']._serialized_start=208
+  _globals['_CHATMESSAGE']._serialized_end=300
+  _globals['_CHATMESSAGES']._serialized_start=302
+  _globals['_CHATMESSAGES']._serialized_end=359
+  _globals['_TOKENIDS']._serialized_start=361
+  _globals['_TOKENIDS']._serialized_end=390
+  _globals['_GENERATEREQUEST']._serialized_start=393
+  _globals['_GENERATEREQUEST']._serialized_end=657
+  _globals['_GENERATERESPONSE']._serialized_start=660
+  _globals['_GENERATERESPONSE']._serialized_end=937
+  _globals['_REQUESTMETRICS']._serialized_start=940
+  _globals['_REQUESTMETRICS']._serialized_end=1228
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1230
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1251
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1253
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1379
+  _globals['_TOKENIZEREQUEST']._serialized_start=1381
+  _globals['_TOKENIZEREQUEST']._serialized_end=1469
+  _globals['_TOKENIZERESPONSE']._serialized_start=1471
+  _globals['_TOKENIZERESPONSE']._serialized_end=1528
+  _globals['_ABORTREQUEST']._serialized_start=1530
+  _globals['_ABORTREQUEST']._serialized_end=1564
+  _globals['_ABORTRESPONSE']._serialized_start=1566
+  _globals['_ABORTRESPONSE']._serialized_end=1643
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1645
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1667
+  _globals['_PODSUMMARY']._serialized_start=1670
+  _globals['_PODSUMMARY']._serialized_end=1829
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=1832
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=2084
+  _globals['_GETLOADREQUEST']._serialized_start=2086
+  _globals['_GETLOADREQUEST']._serialized_end=2102
+  _globals['_PODLOAD']._serialized_start=2105
+  _globals['_PODLOAD']._serialized_end=2284
+  _globals['_GETLOADRESPONSE']._serialized_start=2287
+  _globals['_GETLOADRESPONSE']._serialized_end=2432
+  _globals['_GENERATIONSERVICE']._serialized_start=2668
+  _globals['_GENERATIONSERVICE']._serialized_end=3130
 # @@protoc_insertion_point(module_scope)
