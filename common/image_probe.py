@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import warnings
-
-from PIL import Image, UnidentifiedImageError
+from typing import TYPE_CHECKING
 
 from common.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGE_FORMATS = ("PNG", "JPEG")
 DEFAULT_MAX_PIXELS = 64 * 2**20
@@ -17,6 +19,9 @@ DEFAULT_MAX_PIXELS = 64 * 2**20
 def probe_image(data: bytes, field: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """The opened (not yet decoded) PNG or JPEG image of `data`; InvalidArgumentError(field) for anything else or an
     image of more than `max_pixels`."""
+    # NOTE: Pillow is imported with the first image: a text-only deployment never loads it.
+    from PIL import Image, UnidentifiedImageError
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

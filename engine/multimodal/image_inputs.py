@@ -9,12 +9,14 @@ from pathlib import Path
 from common.errors import InvalidArgumentError
 from common.multimodal import ImageInput
 from engine.multimodal.features import ImageFeature
-from engine.multimodal.image_processor import ImageProcessor
 from engine.multimodal.vlm_config import VisionLanguageConfig
 
 
 class ImageInputs:
     def __init__(self, config: VisionLanguageConfig) -> None:
+        # NOTE: imported here (it imports Pillow): an engine serving a text-only model never loads it.
+        from engine.multimodal.image_processor import ImageProcessor
+
         self.config = config
         self.processor = ImageProcessor(config.processor)
 

@@ -4,66 +4,33 @@ prefill chunks."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.errors import InvalidArgumentError
-from common.multimodal import ImageInput, block_token_ids, expand_image_tokens
-from common.sampling_params import SamplingParams
+from common.multimodal import ImageInput, block_token_ids
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.engine.multimodal.vlm_factory import (
+    GREEDY,
+    NEW_TOKENS,
     NUM_IMAGE_TOKENS,
+    greedy_one_by_one,
     hf_llava_greedy,
-    make_image,
+    image_prompts,
     save_tiny_llava,
 )
-
-IMAGE_TOKEN = 500
-NEW_TOKENS = 8
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-IMAGES = [make_image(40, 30, seed=1), make_image(23, 50, seed=2, fmt="JPEG"), make_image(28, 28, seed=3)]
-
-
-def _prompts() -> list[tuple[list[int], list[ImageInput]]]:
-    """Prompts with one image token per image (expanded here): equal text with different images, the same image in
-    two prompts, two images in one, an image first."""
-    rng = random.Random(0)
-    text = [rng.randrange(400) for _ in range(40)]
-    shapes = [
-        ([*text[:5], IMAGE_TOKEN, *text[5:20]], [IMAGES[0]]),
-        ([*text[:5], IMAGE_TOKEN, *text[5:20]], [IMAGES[1]]),
-        ([*text[:5], IMAGE_TOKEN, *text[5:30]], [IMAGES[0]]),
-        ([*text[:3], IMAGE_TOKEN, *text[3:9], IMAGE_TOKEN, *text[9:12]], [IMAGES[2], IMAGES[1]]),
-        ([IMAGE_TOKEN, *text[:7]], [IMAGES[2]]),
-        (text[:33], []),
-    ]
-    return [expand_image_tokens(ids, IMAGE_TOKEN, NUM_IMAGE_TOKENS, images) for ids, images in shapes]
 
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[list[int], list[ImageInput]]], Any]:
     folder = save_tiny_llava(tmp_path_factory.mktemp("llava"))
-    prompts = _prompts()
+    prompts = image_prompts()
     expected = hf_llava_greedy(folder, [(ids, [i.data for i in images]) for ids, images in prompts], NEW_TOKENS)
     assert expected[0] != expected[1]  # the image decides the output: equal token ids, different images
     return folder, prompts, expected
-
-
-def _greedy(engine: LLMEngine, prompts: list[tuple[list[int], list[ImageInput]]], tag: str) -> list[list[int]]:
-    """One request at a time, so a later prompt can hit the blocks an earlier one cached."""
-    outputs = []
-    for i, (ids, images) in enumerate(prompts):
-        engine.add_request(f"{tag}{i}", ids, GREEDY, images=images)
-        tokens: list[int] = []
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                tokens.extend(out.new_token_ids)
-        outputs.append(tokens)
-    return outputs
 
 
 SETTINGS: list[tuple[str, dict[str, Any]]] = [
@@ -76,10 +43,10 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
 def test_image_prompts_match_transformers(llava: Any, name: str, kwargs: dict[str, Any]) -> None:
     folder, prompts, expected = llava
     engine = LLMEngine(engine_config(str(folder), num_blocks=256, **kwargs))
-    assert _greedy(engine, prompts, "a") == expected
+    assert greedy_one_by_one(engine, prompts, "a") == expected
     # the images' own prompts again: served from the prefix cache, same tokens
     hits_before = engine.kv_cache_manager.stats.hits
-    assert _greedy(engine, prompts, "b") == expected
+    assert greedy_one_by_one(engine, prompts, "b") == expected
     assert engine.kv_cache_manager.stats.hits - hits_before >= len(prompts) * 16
 
 
@@ -88,7 +55,7 @@ def test_different_images_never_share_blocks(llava: Any) -> None:
     engine = LLMEngine(engine_config(str(folder), num_blocks=256))
     (ids_a, images_a), (ids_b, images_b) = prompts[0], prompts[1]
     assert ids_a == ids_b and images_a != images_b
-    _greedy(engine, [prompts[0]], "a")
+    greedy_one_by_one(engine, [prompts[0]], "a")
     _, cached = engine.kv_cache_manager.get_computed_blocks("probe", ids_b)
     assert cached == 0  # the plain token ids (placeholders as they are) find nothing either
     kv = engine.kv_cache_manager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,10 @@ import torch
 from PIL import Image
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+from common.multimodal import ImageInput, expand_image_tokens
+from common.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 
 IMAGE_SIZE = 28
 PATCH_SIZE = 7
@@ -84,13 +89,15 @@ def hf_pixel_values(images: list[bytes]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def hf_llava_greedy(folder: Path, prompts: list[tuple[list[int], list[bytes]]], max_new_tokens: int) -> list[list[int]]:
+def hf_llava_greedy(
+    folder: Path, prompts: list[tuple[list[int], list[bytes]]], max_new_tokens: int, device: str = "cpu"
+) -> list[list[int]]:
     """transformers generate(do_sample=False) on each (prompt with expanded image tokens, its images)."""
-    model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).to(device).eval()
     outputs = []
     for token_ids, images in prompts:
-        ids = torch.tensor([token_ids])
-        kwargs = {"pixel_values": hf_pixel_values(images)} if images else {}
+        ids = torch.tensor([token_ids], device=device)
+        kwargs = {"pixel_values": hf_pixel_values(images).to(device)} if images else {}
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -102,4 +109,41 @@ def hf_llava_greedy(folder: Path, prompts: list[tuple[list[int], list[bytes]]], 
             **kwargs,
         )
         outputs.append(out[0, len(token_ids) :].tolist())
+    return outputs
+
+
+IMAGE_TOKEN = 500
+NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+IMAGES = [make_image(40, 30, seed=1), make_image(23, 50, seed=2, fmt="JPEG"), make_image(28, 28, seed=3)]
+
+
+def image_prompts() -> list[tuple[list[int], list[ImageInput]]]:
+    """Prompts with one image token per image (expanded here): equal text with different images, the same image in
+    two prompts, two images in one, an image first."""
+    rng = random.Random(0)
+    text = [rng.randrange(400) for _ in range(40)]
+    shapes = [
+        ([*text[:5], IMAGE_TOKEN, *text[5:20]], [IMAGES[0]]),
+        ([*text[:5], IMAGE_TOKEN, *text[5:20]], [IMAGES[1]]),
+        ([*text[:5], IMAGE_TOKEN, *text[5:30]], [IMAGES[0]]),
+        ([*text[:3], IMAGE_TOKEN, *text[3:9], IMAGE_TOKEN, *text[9:12]], [IMAGES[2], IMAGES[1]]),
+        ([IMAGE_TOKEN, *text[:7]], [IMAGES[2]]),
+        (text[:33], []),
+    ]
+    return [expand_image_tokens(ids, IMAGE_TOKEN, NUM_IMAGE_TOKENS, images) for ids, images in shapes]
+
+
+def greedy_one_by_one(
+    engine: LLMEngine, prompts: list[tuple[list[int], list[ImageInput]]], tag: str
+) -> list[list[int]]:
+    """One request at a time, so a later prompt can hit the blocks an earlier one cached."""
+    outputs = []
+    for i, (ids, images) in enumerate(prompts):
+        engine.add_request(f"{tag}{i}", ids, GREEDY, images=images)
+        tokens: list[int] = []
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens.extend(out.new_token_ids)
+        outputs.append(tokens)
     return outputs
