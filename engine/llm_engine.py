@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.block_hash import block_extra_keys
 from common.errors import InvalidArgumentError
+from common.multimodal import ImageInput
 from common.sampling_params import SamplingParams
 from engine.beam.beam_checks import check_beam_search
 from engine.beam.beam_search import BeamSearch
@@ -17,6 +18,8 @@ from engine.executor import PendingResult, make_executor
 from engine.kv_tier.setup import make_kv_cache
 from engine.model_runner import ModelRunner
 from engine.model_store import resolve_model
+from engine.multimodal.features import ImageFeature
+from engine.multimodal.image_inputs import ImageInputs
 from engine.request import Request
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler import Scheduler
@@ -99,6 +102,7 @@ class LLMEngine:
         )
         self.beams = BeamSearch(self.scheduler, self.kv_cache_manager)
         self._pending: tuple[SchedulerOutput, PendingResult] | None = None
+        self.image_inputs = ImageInputs.from_folder(self.model_path)
 
     @property
     def runner(self) -> ModelRunner:
@@ -140,16 +144,30 @@ class LLMEngine:
         params: SamplingParams,
         hold_kv: bool = False,
         cache_salt: str | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> None:
         """Queue a request. With `hold_kv` (prefill pods) its blocks outlive it until `release_kv`. A `cache_salt`
-        keys its prefix cache blocks instead of the engine's --cache-salt: it shares blocks only with that salt."""
+        keys its prefix cache blocks instead of the engine's --cache-salt: it shares blocks only with that salt.
+        `images` (a vision-language model's) fill their placeholders in the prompt."""
         self.validate(prompt_token_ids, params)
         self._check_new_id(req_id)
         extra_keys = None if cache_salt is None else block_extra_keys(self.config.model.model, cache_salt)
+        features = self._image_features(prompt_token_ids, images) if images else ()
         request = Request(
-            req_id, prompt_token_ids, params, self.info.eos_token_ids, hold_kv=hold_kv, block_extra_keys=extra_keys
+            req_id,
+            prompt_token_ids,
+            params,
+            self.info.eos_token_ids,
+            hold_kv=hold_kv,
+            block_extra_keys=extra_keys,
+            mm_features=features,
         )
         self.scheduler.add_request(self.beams.add(request) if params.use_beam_search else request)
+
+    def _image_features(self, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> tuple[ImageFeature, ...]:
+        if self.image_inputs is None:
+            raise InvalidArgumentError("images", f"{self.config.model.model} takes no image inputs")
+        return self.image_inputs.features(prompt_token_ids, images)
 
     def _check_new_id(self, req_id: str) -> None:
         if req_id in self.scheduler.requests or req_id in self.scheduler.held_kv:

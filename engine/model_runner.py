@@ -24,6 +24,7 @@ from engine.kv_tier.weight_offload import offload_layers
 from engine.layers.quant.registry import resolve_kv_cache_dtype
 from engine.models.arch_config import ArchConfig
 from engine.models.loader import load_model
+from engine.multimodal.prompt_embedder import PromptEmbedder
 from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.pending_output import NO_OUTPUT, PendingOutput
 from engine.sampler import Sampler, SamplingBatch
@@ -81,6 +82,9 @@ class ModelRunner:
         stage = self.model.model.stage_layers
         self.offloaded_layers = offload_layers(
             list(self.model.model.layers[stage.start : stage.stop]), config.model.cpu_offload_gb
+        )
+        self.prompt_embedder = PromptEmbedder.for_model(
+            model_path, self.model.model.embed_tokens, self.dtype, self.device, comm.rank.world_size
         )
         kv_heads = comm.rank.kv_heads(self.arch.num_kv_heads)
         self.num_layers = len(comm.rank.stage_layers(self.arch.num_layers))
@@ -212,14 +216,21 @@ class ModelRunner:
         if not scheduler_output.scheduled:
             self._previous = None
             return NO_OUTPUT
-        graph_shape = self._graph_shape(scheduler_output)
+        # NOTE: a step computing image placeholders runs eagerly, on input embeddings.
+        images = self.prompt_embedder is not None and self.prompt_embedder.has_images(scheduler_output.scheduled)
+        graph_shape = None if images else self._graph_shape(scheduler_output)
         graph_bs, query_len = (None, 1) if graph_shape is None else graph_shape
         inputs = self.input_batch.prepare(scheduler_output, graph_bs, self._previous, query_len)
         if graph_bs is not None:
             assert self.cuda_graphs is not None
             hidden = self.cuda_graphs.replay(graph_bs, query_len)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+            embeds = None
+            if images:
+                assert self.prompt_embedder is not None
+                qsl = inputs.metadata.query_start_loc_cpu
+                embeds = self.prompt_embedder.embeddings(scheduler_output.scheduled, inputs.input_ids, qsl)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, embeds)
         sampling = [r for r in scheduler_output.scheduled if r.sample]
         if not sampling or not self.comm.rank.is_last_stage:
             self._previous = None

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
+from common.multimodal import block_token_ids
 from common.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.multimodal.features import ImageFeature
 
 
 class RequestStatus(enum.Enum):
@@ -37,6 +42,7 @@ class Request:
         arrival_time: float | None = None,
         hold_kv: bool = False,
         block_extra_keys: tuple[str, ...] | None = None,
+        mm_features: tuple[ImageFeature, ...] = (),
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = prompt_token_ids
@@ -62,6 +68,8 @@ class Request:
         self.num_seqs = 1
         # NOTE: its block table was replaced, not grown (a beam took another's): the runner rewrites its row.
         self.blocks_replaced = False
+        # NOTE: the prompt's images (a vision-language model's); their placeholders' embeddings come from the encoder.
+        self.mm_features = mm_features
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +83,13 @@ class Request:
         """False once the tokens in flight already bring it to max_tokens or max_model_len."""
         num_outputs = len(self.output_token_ids) + self.num_placeholders
         return num_outputs < self.sampling_params.max_tokens and self.num_tokens_with_placeholders < max_model_len
+
+    @property
+    def block_token_ids(self) -> list[int]:
+        """The ids its block hashes cover: all_token_ids, each image's placeholders replaced by the image's hash."""
+        if not self.mm_features:
+            return self.all_token_ids
+        return block_token_ids(self.all_token_ids, self.mm_features)
 
     @property
     def num_prompt_tokens(self) -> int:

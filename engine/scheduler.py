@@ -27,6 +27,7 @@ from engine.block_pool import KVBlock
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_tier.swapper import RECOMPUTE, KVSwapper
+from engine.multimodal.features import overlapping
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import (
     PLACEHOLDER_TOKEN_ID,
@@ -204,7 +205,7 @@ class Scheduler:
                 computed_blocks, num_computed = self.swapper.computed_blocks(request)
             else:
                 computed_blocks, num_computed = self.kv.get_computed_blocks(
-                    request.req_id, request.all_token_ids, request.block_extra_keys
+                    request.req_id, request.block_token_ids, request.block_extra_keys
                 )
             num_new = min(request.num_tokens - num_computed, self.config.chunk_size, budget)
             if self.kv.allocate_slots(request.req_id, num_computed + num_new, computed_blocks) is None:
@@ -251,6 +252,7 @@ class Scheduler:
             output_token_ids=request.output_token_ids,
             new_admission=new_admission,
             draft_token_ids=drafts or [],
+            mm_features=overlapping(request.mm_features, start, end) if request.mm_features else (),
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
@@ -266,7 +268,7 @@ class Scheduler:
                 self.drafts.settle(request, len(scheduled.draft_token_ids), num_accepted)
             if status is RequestStatus.RUNNING:
                 self.kv.cache_blocks(
-                    request.req_id, request.all_token_ids, request.num_computed_tokens, request.block_extra_keys
+                    request.req_id, request.block_token_ids, request.num_computed_tokens, request.block_extra_keys
                 )
             elif status is not RequestStatus.PREEMPTED:
                 continue  # finished or aborted while in flight

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.sampling_params import SamplingParams
 from engine.beam.beam_scorer import Beam, Candidate
+
+if TYPE_CHECKING:
+    from engine.multimodal.features import ImageFeature
 
 PLACEHOLDER_TOKEN_ID = -1
 """Stands for a token sampled by the step still running on the device (async scheduling): the runner takes its id
@@ -22,7 +26,8 @@ class ScheduledRequest:
     The last of `token_ids` may be PLACEHOLDER_TOKEN_ID: the token the previous step is still sampling.
     `block_ids` grows while a request runs (and shrinks back when proposed tokens are rejected); `new_admission`
     marks the first step after (re)admission. `draft_token_ids` (speculative decoding) are the last of `token_ids`:
-    proposed tokens the step verifies, sampling after each of them too.
+    proposed tokens the step verifies, sampling after each of them too. `mm_features` are the prompt's images whose
+    placeholders are among `token_ids`: their embeddings replace those tokens'.
     """
 
     req_id: str
@@ -35,6 +40,7 @@ class ScheduledRequest:
     output_token_ids: Sequence[int]
     new_admission: bool = True
     draft_token_ids: list[int] = field(default_factory=list)
+    mm_features: tuple[ImageFeature, ...] = ()  # images with placeholders among token_ids
 
 
 @dataclass(slots=True, frozen=True)

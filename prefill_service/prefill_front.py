@@ -31,6 +31,7 @@ from opentelemetry import trace
 from common.errors import PdserveError, UnavailableError
 from common.kv_cache_events import KVCacheEvent
 from common.metrics import ServiceMetrics
+from common.multimodal import ImageInput
 from common.sampling_params import SamplingParams
 from common.telemetry import (
     EVENT_FIRST_TOKEN,
@@ -124,12 +125,14 @@ class PrefillFront(CoreFront):
         target: KVTarget,
         cache_salt: str | None = None,
         request_id: str = "",
+        images: tuple[ImageInput, ...] = (),
     ) -> AsyncIterator[PrefillEvent]:
         """Run one Prefill call: yields FirstToken, then (unless it ended the request) TransferDone.
 
         Raises InvalidArgumentError for bad input, LayoutMismatchError for a foreign KV layout, UnavailableError
         while draining, ResourceExhaustedError beyond the admission limits, and the transfer's TransferError if it
-        ends without DONE. `request_id` (the router's) is only for logs and spans.
+        ends without DONE. `request_id` (the router's) is only for logs and spans. `images`: the prompt's, for the
+        engine's vision encoder.
         """
         if self._draining:
             raise UnavailableError("prefill pod is draining")
@@ -149,7 +152,9 @@ class PrefillFront(CoreFront):
                 # NOTE: keepalives well within the lease, which started at Reserve, a little before this call arrived.
                 keepalive_s = (target.lease_s or self._lease_s) / KEEPALIVES_PER_LEASE
                 first_params = dataclasses.replace(params, max_tokens=1)
-                core.send(AddRequest(transfer_id, prompt_token_ids, first_params, target, keepalive_s, cache_salt))
+                core.send(
+                    AddRequest(transfer_id, prompt_token_ids, first_params, target, keepalive_s, cache_salt, images)
+                )
                 first = await self._first_token(call, transfer_id, prompt_token_ids, params, (arrival, arrival_ns))
             got_first = True
             self._admission.start(ticket)

@@ -8,6 +8,7 @@ from typing import Any
 import grpc.aio
 
 from common.errors import UnavailableError
+from common.multimodal import ImageInput
 from common.proto_convert import sampling_params_from_pb
 from kv_transfer.state import TransferError
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
@@ -33,7 +34,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         params = sampling_params_from_pb(request.sampling_params, max_n=1)
         target = request_kv_target(request)
         cache_salt = request.cache_salt if request.HasField("cache_salt") else None
-        events = self.front.prefill(list(request.prompt_token_ids), params, target, cache_salt, request.request_id)
+        images = tuple(ImageInput.of(i.data, i.offset, i.num_tokens) for i in request.images)
+        events = self.front.prefill(
+            list(request.prompt_token_ids), params, target, cache_salt, request.request_id, images
+        )
         try:
             async for event in events:
                 yield prefill_event_to_pb(event)

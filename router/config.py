@@ -121,6 +121,31 @@ class RouterConfig:
             "at random up to 3000)"
         ),
     )
+    limit_mm_per_prompt: str = field(
+        default="image=8",
+        metadata=doc(
+            "most images one prompt may hold, as MODALITY=N (vLLM's form; image is the one modality): more is "
+            "INVALID_ARGUMENT naming messages"
+        ),
+    )
+    max_image_bytes: int = field(
+        default=8 * 1024 * 1024,
+        metadata=doc("largest image (encoded bytes) a prompt may hold: INVALID_ARGUMENT past it"),
+    )
+    max_image_pixels: int = field(
+        default=16 * 2**20, metadata=doc("largest image in pixels (width x height, read from its header)")
+    )
+    enable_remote_images: bool = field(
+        default=False,
+        metadata=doc("HTTP API: fetch image_url parts with http(s) URLs (off: only data: URLs are taken)"),
+    )
+    allowed_media_domains: str = field(
+        default="",
+        metadata=doc(
+            "HTTP API, with --enable-remote-images: comma-separated hosts images may be fetched from (empty: any)"
+        ),
+    )
+    remote_image_timeout_s: float = field(default=10.0, metadata=doc("HTTP API: longest fetch of one remote image"))
     drain_timeout_s: float = field(
         default=30.0,
         metadata=doc(
@@ -154,6 +179,25 @@ class RouterConfig:
         _require(self.max_retry_s > 0, "max_retry_s", f"must be > 0, got {self.max_retry_s}")
         _require(self.max_pending_calls >= 1, "max_pending_calls", f"must be >= 1, got {self.max_pending_calls}")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+        _require(self.max_image_bytes >= 1, "max_image_bytes", f"must be >= 1, got {self.max_image_bytes}")
+        _require(self.max_image_pixels >= 1, "max_image_pixels", f"must be >= 1, got {self.max_image_pixels}")
+        self.max_images_per_prompt  # noqa: B018 (parses --limit-mm-per-prompt, raising for a bad one)
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        """--limit-mm-per-prompt's image count."""
+        limits = {}
+        for item in filter(None, (p.strip() for p in self.limit_mm_per_prompt.split(","))):
+            modality, _, count = item.partition("=")
+            _require(modality == "image", "limit_mm_per_prompt", f"unknown modality {modality!r} (image=N)")
+            _require(count.isdigit(), "limit_mm_per_prompt", f"{item!r}: the count must be an integer >= 0")
+            limits[modality] = int(count)
+        return limits.get("image", 0)
+
+    @property
+    def media_domains(self) -> frozenset[str]:
+        """--allowed-media-domains as a set (empty: any domain)."""
+        return frozenset(d.strip().lower() for d in self.allowed_media_domains.split(",") if d.strip())
 
 
 @dataclass(frozen=True, slots=True)

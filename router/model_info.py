@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.arch_config import ArchConfig
+from engine.multimodal.vlm_config import VisionLanguageConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,6 +20,10 @@ class ModelInfo:
     vocab_size: int
     block_size: int
     eos_token_ids: tuple[int, ...]
+    image_token_id: int | None = None
+    """A vision-language model's image placeholder token (None: the model takes no images)."""
+    num_image_tokens: int = 0
+    """Placeholders each image expands to."""
 
     @classmethod
     def from_folder(cls, model_id: str, folder: Path, block_size: int) -> ModelInfo:
@@ -28,6 +33,7 @@ class ModelInfo:
         one sequence); the pod's own validation reports that case.
         """
         arch = ArchConfig.from_folder(folder)
+        vision = VisionLanguageConfig.from_folder(folder)
         max_model_len = arch.max_position_embeddings
         if arch.sliding_window is not None:
             max_model_len = min(max_model_len, arch.sliding_window)
@@ -37,6 +43,8 @@ class ModelInfo:
             vocab_size=arch.vocab_size,
             block_size=block_size,
             eos_token_ids=_eos_token_ids(folder, arch.eos_token_ids),
+            image_token_id=None if vision is None else vision.image_token_id,
+            num_image_tokens=0 if vision is None else vision.num_image_tokens,
         )
 
 

@@ -54,6 +54,7 @@ from router.completion.running_requests import RunningRequests
 from router.config import RouterConfig, RoutingConfig
 from router.http.app import HttpApi
 from router.http.http_server import HttpServer
+from router.http.image_urls import RemoteImages
 from router.model_info import ModelInfo
 from router.pods.local_load import LocalLoads
 from router.pods.pod_view import PodView
@@ -150,7 +151,8 @@ class RouterApp:
         they share, and its /metrics is the whole router's (every process's files)."""
         process = self.process
         registry = multiprocess_registry(process.metrics_dir) if process.grouped else self.metrics.registry
-        api = HttpApi(self.lifecycle, self.status, tokenizer, registry, authenticator_for(security.auth))
+        auth = authenticator_for(security.auth)
+        api = HttpApi(self.lifecycle, self.status, tokenizer, registry, auth, RemoteImages(self.config))
         return HttpServer(api.app(), self.config.host, self.config.http_port, security.public_tls, process.grouped)
 
     @classmethod

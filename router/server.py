@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc.aio
 
+from common.errors import InvalidArgumentError
 from common.grpc.errors import to_status
 from common.metrics import ServiceMetrics
 from common.pod_registry import PodInfo
@@ -176,7 +177,22 @@ def _generate_input(request: generation_pb2.GenerateRequest, client: str) -> Gen
 
 
 def _chat_messages(messages: generation_pb2.ChatMessages) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(m.role, m.content) for m in messages.messages)
+    return tuple(_chat_message(i, m) for i, m in enumerate(messages.messages))
+
+
+def _chat_message(index: int, message: generation_pb2.ChatMessage) -> ChatMessage:
+    if not message.content_parts:
+        return ChatMessage(message.role, message.content)
+    field = f"messages.messages[{index}]"
+    if message.content:
+        raise InvalidArgumentError(f"{field}.content", "must be empty when content_parts is set")
+    parts: list[str | bytes] = []
+    for j, part in enumerate(message.content_parts):
+        which = part.WhichOneof("part")
+        if which is None:
+            raise InvalidArgumentError(f"{field}.content_parts[{j}]", "set text or image")
+        parts.append(part.text if which == "text" else part.image.data)
+    return ChatMessage(message.role, "", tuple(parts))
 
 
 def _response(request_id: str, chunk: CompletionChunk) -> generation_pb2.GenerateResponse:

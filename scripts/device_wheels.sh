@@ -19,7 +19,7 @@ DEST="${WHEEL_DIR:-.whl}"
 # numpy, pyyaml, requests and tqdm, which the GPU machine has. opentelemetry's exporters are all imported by
 # common/telemetry.py at start-up, tracing on or off. starlette and uvicorn (+ h11) serve the router's HTTP API,
 # which router/router_app.py imports; uvloop runs the router's event loop (router/__main__.py); anyio, click and
-# httpx are on the GPU machine already (transformers' deps).
+# httpx are on the GPU machine already (transformers' deps). pillow decodes image inputs (engine.multimodal).
 WHEELS=(
   protobuf==7.36.2
   googleapis-common-protos==1.76.0
@@ -31,6 +31,7 @@ WHEELS=(
   starlette==1.10.0
   uvicorn==0.54.0
   uvloop==0.23.0
+  pillow==13.0.0
   h11==0.16.0
   opentelemetry-api==1.45.2
   opentelemetry-sdk==1.45.2

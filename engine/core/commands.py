@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.multimodal import ImageInput
 from common.sampling_params import SamplingParams
 from kv_transfer.target import KVTarget
 
@@ -27,6 +28,7 @@ class AddRequest:
     kv_target: KVTarget | None = None
     keepalive_s: float = 0.0
     cache_salt: str | None = None
+    images: tuple[ImageInput, ...] = ()  # the prompt's images (a vision-language model's)
 
 
 @dataclass(slots=True, frozen=True)

@@ -75,7 +75,11 @@ class EngineCore:
             match command:
                 case AddRequest(kv_target=None):
                     self.engine.add_request(
-                        command.req_id, command.prompt_token_ids, command.params, cache_salt=command.cache_salt
+                        command.req_id,
+                        command.prompt_token_ids,
+                        command.params,
+                        cache_salt=command.cache_salt,
+                        images=command.images,
                     )
                 case AddRequest():
                     self._prefill_kv().add(command, out)

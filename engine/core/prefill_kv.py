@@ -83,7 +83,12 @@ class PrefillKV:
             return
         try:
             self._engine.add_request(
-                req_id, command.prompt_token_ids, command.params, hold_kv=True, cache_salt=command.cache_salt
+                req_id,
+                command.prompt_token_ids,
+                command.params,
+                hold_kv=True,
+                cache_salt=command.cache_salt,
+                images=command.images,
             )
         except InvalidArgumentError as exc:
             self.sender.abort(req_id, target.endpoint)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.models.moe_config import MOE_ARCHITECTURES, MoEConfig
+from engine.multimodal.vlm_config import text_decoder_config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -45,6 +46,7 @@ class ArchConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArchConfig:
+        raw = text_decoder_config(raw)  # NOTE: a vision-language checkpoint's decoder (LLaVA's text_config)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

@@ -185,11 +185,15 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """kv_caches: this stage's layers' caches. On the last stage the normed hidden states, on the others the
+        """kv_caches: this stage's layers' caches; `inputs_embeds` (first stage): the embeddings to run instead of
+        input_ids' (a prompt's image placeholders). On the last stage the normed hidden states, on the others the
         hidden states just sent on."""
         residual: torch.Tensor | None = None
-        if self.embed_tokens is not None:
+        if inputs_embeds is not None:
+            x = inputs_embeds
+        elif self.embed_tokens is not None:
             x = self.embed_tokens(input_ids)
         else:
             like = torch.empty(input_ids.shape[0], self.hidden_size, dtype=self.dtype, device=input_ids.device)
@@ -234,9 +238,10 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden]."""
-        return self.model(input_ids, positions, kv_caches, metadata)
+        """input_ids, positions [T] (or inputs_embeds [T, hidden] for input_ids) -> hidden states [T, hidden]."""
+        return self.model(input_ids, positions, kv_caches, metadata, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Every rank of the last stage gets all logits [T, vocab]."""

@@ -27,6 +27,7 @@ from engine.models.arch_config import ArchConfig
 from engine.models.gguf_reader import gguf_tensors
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import SparseMoeBlock, moe_checkpoint_views
+from engine.multimodal.text_weights import text_decoder_tensors
 from engine.parallel.communicator import SINGLE_RANK, Communicator
 from engine.parallel.weights import load_sharded_weights
 
@@ -95,7 +96,7 @@ def checkpoint_tensors(folder: Path, cfg: ArchConfig) -> NamedTensors:
     gguf_file = folder / GGUF_WEIGHTS
     if gguf_file.exists():
         return gguf_tensors(gguf_file, cfg)
-    return _safetensors(folder)
+    return text_decoder_tensors(_safetensors(folder))
 
 
 def _stacked_target(model: LlamaForCausalLM, name: str) -> tuple[str, slice] | None:

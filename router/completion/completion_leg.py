@@ -132,6 +132,7 @@ class CompletionLeg:
             self._target,
             self._plan.cache_salt,
             self._ctx.remaining_s(self._plan.deadline),
+            self._plan.images,
         )
         self._prefill_stream = stream
         self._stack.push_async_callback(stream.aclose)

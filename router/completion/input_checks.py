@@ -57,7 +57,12 @@ class InputChecks:
                 raise InvalidArgumentError(
                     field, f"at most {self._max_model_len} messages (max_model_len), got {len(messages)}"
                 )
-            size = sum(len(m.role.encode()) + len(m.content.encode()) for m in messages)
+            size = sum(
+                len(m.role.encode())
+                + len(m.content.encode())
+                + sum(len(p.encode()) for p in m.parts if isinstance(p, str))
+                for m in messages
+            )
         else:
             field = "text"
             size = len(text.encode()) if text is not None else 0

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from common.block_hash import BlockHash, block_extra_keys, hash_block_tokens, hash_prompt_blocks
 from common.errors import InvalidArgumentError
+from common.multimodal import ImageInput, block_token_ids
 from common.sampling_params import SamplingParams, completion_seed
 from common.telemetry import (
     GEN_AI_OPERATION_CHAT,
@@ -49,6 +50,7 @@ from router.completion.run_context import PromptPlan, RunContext
 from router.completion.running_requests import RunningRequests
 from router.config import RouterConfig
 from router.model_info import ModelInfo
+from router.multimodal.prompt_images import PromptImages
 from router.outputs import CompletionChunk, Usage
 from router.tokenizer.tokenizer_pool import ChatMessage, TokenizerPool
 
@@ -92,6 +94,7 @@ class RequestLifecycle:
         where the calls register for Abort (default: a new table)."""
         self._model = model
         self._checks = InputChecks(limits or RouterConfig(), model.max_model_len)
+        self._images = PromptImages(model, limits or RouterConfig())
         self._tokenizer_pool = tokenizer_pool
         self._directory = directory
         self._ctx = context
@@ -104,11 +107,18 @@ class RequestLifecycle:
 
     async def tokenize(self, text: str | None, messages: Sequence[ChatMessage] | None) -> list[int]:
         """A prompt's token ids, exactly as Generate uses them; InvalidArgumentError for an empty or oversized one."""
+        return (await self._tokenize_with_images(text, messages))[0]
+
+    async def _tokenize_with_images(
+        self, text: str | None, messages: Sequence[ChatMessage] | None
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """The prompt's token ids (each image's placeholders expanded) and its images."""
         self._checks.check_prompt_bytes(text, messages)
         if messages is not None:
             if not messages:
                 raise InvalidArgumentError("messages", "must hold at least one message")
-            return await self._tokenizer_pool.encode_chat(messages)
+            images = self._images.check(messages)
+            return self._images.place(await self._tokenizer_pool.encode_chat(messages), images)
         if text is None:
             raise InvalidArgumentError("text", "no prompt: set one of text, messages or token_ids")
         if not text:
@@ -116,7 +126,7 @@ class RequestLifecycle:
         token_ids = await self._tokenizer_pool.encode(text)
         if not token_ids:
             raise InvalidArgumentError("text", "encodes to no tokens")
-        return token_ids
+        return token_ids, ()
 
     async def generate(self, request: GenerateInput, timeout_s: float | None) -> AsyncGenerator[CompletionChunk, None]:
         """The call's chunks, completions interleaved, in a "generate" span with the GenAI request and usage
@@ -167,13 +177,13 @@ class RequestLifecycle:
         self._checks.check_ids(request.request_id, request.cache_salt)
         self._checks.check_params(params)
         with self._ctx.tracing.span("tokenize") as span:
-            token_ids = await self._prompt_token_ids(request)
+            token_ids, images = await self._prompt_token_ids(request)
             span.set_attribute(GEN_AI_USAGE_INPUT_TOKENS, len(token_ids))
         self._checks.check_length(_prompt_field(request), len(token_ids), params.max_tokens)
         deadline = None if timeout_s is None else arrival + timeout_s
         with self._ctx.tracing.span("queue"):
             await self._ctx.admission.admit(ticket, len(token_ids) * params.n, arrival, deadline)
-        plan = await self._plan(request, token_ids, arrival, deadline)
+        plan = await self._plan(request, token_ids, images, arrival, deadline)
         return token_ids, self._completions(plan, params)
 
     def _completions(self, plan: PromptPlan, params: SamplingParams) -> AsyncGenerator[CompletionChunk, None]:
@@ -187,9 +197,9 @@ class RequestLifecycle:
         ]
         return _merged(runs) if params.num_samples == params.n else best_of(_merged(runs), params)
 
-    async def _prompt_token_ids(self, request: GenerateInput) -> list[int]:
+    async def _prompt_token_ids(self, request: GenerateInput) -> tuple[list[int], tuple[ImageInput, ...]]:
         if request.token_ids is None:
-            return await self.tokenize(request.text, request.messages)
+            return await self._tokenize_with_images(request.text, request.messages)
         if not request.token_ids:
             raise InvalidArgumentError("token_ids", "must not be empty")
         self._checks.check_length("token_ids", len(request.token_ids), request.params.max_tokens)
@@ -200,16 +210,23 @@ class RequestLifecycle:
                     "token_ids",
                     f"token id {token_id} at position {position} is outside the vocabulary [0, {vocab_size})",
                 )
-        return list(request.token_ids)
+        return list(request.token_ids), ()
 
     async def _plan(
-        self, request: GenerateInput, token_ids: list[int], arrival: float, deadline: float | None
+        self,
+        request: GenerateInput,
+        token_ids: list[int],
+        images: tuple[ImageInput, ...],
+        arrival: float,
+        deadline: float | None,
     ) -> PromptPlan:
         extra_keys = block_extra_keys(self._model.model_id, request.cache_salt)
-        block_hashes = hash_prompt_blocks(token_ids, self._model.block_size, extra_keys)
+        # NOTE: hashed as the pods hash it: each image's placeholders stand for the image.
+        hashed_ids = block_token_ids(token_ids, images) if images else token_ids
+        block_hashes = hash_prompt_blocks(hashed_ids, self._model.block_size, extra_keys)
         # NOTE: a prompt shorter than a block has no block hash; its (partial) hash still sends equal
         # short prompts to one pod, though nothing of it is cached.
-        routing_key = block_hashes[0] if block_hashes else hash_block_tokens(None, token_ids, extra_keys)
+        routing_key = block_hashes[0] if block_hashes else hash_block_tokens(None, hashed_ids, extra_keys)
         cached_blocks: dict[str, float] = {}
         latency_s: float | None = None
         live = {pod.pod_id: pod.generation for pod in self._ctx.pods.pods("prefill")}
@@ -233,6 +250,7 @@ class RequestLifecycle:
             arrival=arrival,
             deadline=deadline,
             directory_latency_s=latency_s,
+            images=images,
         )
 
 

@@ -11,6 +11,7 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from common.metrics import ServiceMetrics
+from common.multimodal import ImageInput
 from common.telemetry import Tracing
 from router.admission.admission import RouterAdmission
 from router.completion.migration import RetryBudget
@@ -60,3 +61,5 @@ class PromptPlan:
     deadline: float | None
     directory_latency_s: float | None = None
     """How long the prefix directory lookup took (None: none was made)."""
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images, at their placeholders in token_ids (a migrated leg's prompt keeps them in place)."""

@@ -29,8 +29,10 @@ from common.auth import TokenAuthenticator
 from common.errors import InvalidArgumentError
 from router.admission.admission import client_id
 from router.completion.request_lifecycle import GenerateInput, RequestLifecycle
+from router.config import RouterConfig
 from router.http import protocol
 from router.http.errors import HttpError, http_error
+from router.http.image_urls import RemoteImages
 from router.http.protocol import CompletionBodies, Endpoint
 from router.http.streaming import DisconnectWatcher, SseResponse
 from router.outputs import CompletionChunk, Usage
@@ -54,13 +56,16 @@ class HttpApi:
         tokenizer: PreTrainedTokenizerBase,
         registry: CollectorRegistry,
         authenticator: TokenAuthenticator | None = None,
+        remote_images: RemoteImages | None = None,
     ) -> None:
-        """`registry`: the router's Prometheus metrics, served on /metrics."""
+        """`registry`: the router's Prometheus metrics, served on /metrics; `remote_images`: fetches http(s) image
+        URLs (default: off, as RouterConfig's)."""
         self._lifecycle = lifecycle
         self._registry = registry
         self._status = status
         self._tokenizer = tokenizer
         self._authenticator = authenticator
+        self._remote_images = remote_images or RemoteImages(RouterConfig())
 
     def app(self) -> Starlette:
         routes = [
@@ -95,10 +100,11 @@ class HttpApi:
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_body(request)
         rid, client = _request_id(request), _client(request)
+        messages = protocol.chat_messages(body, await self._remote_images.fetch(body))
         token_ids = None
         if protocol.needs_default_max_tokens(body):
-            token_ids = await self._lifecycle.tokenize(None, protocol.chat_messages(body))
-        call = protocol.chat_input(body, rid, client, token_ids, self._lifecycle.model.max_model_len)
+            token_ids = await self._lifecycle.tokenize(None, messages)
+        call = protocol.chat_input(body, rid, client, token_ids, self._lifecycle.model.max_model_len, messages)
         return await self._generate(request, body, call, "chat")
 
     async def _generate(
@@ -143,7 +149,8 @@ class HttpApi:
     async def tokenize(self, request: Request) -> Response:
         body = await _json_body(request)
         if "messages" in body:
-            token_ids = await self._lifecycle.tokenize(None, protocol.chat_messages(body))
+            messages = protocol.chat_messages(body, await self._remote_images.fetch(body))
+            token_ids = await self._lifecycle.tokenize(None, messages)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from common.errors import InvalidArgumentError
 from common.sampling_params import SamplingParams
 from router.completion.request_lifecycle import GenerateInput
+from router.http.image_urls import image_bytes, part_url
 from router.outputs import CompletionChunk, Usage
 from router.tokenizer.tokenizer_pool import ChatMessage
 
@@ -120,8 +121,9 @@ def completion_input(body: Mapping[str, Any], request_id: str, client_id: str) -
     )
 
 
-def chat_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
-    """`messages`: objects with a string `role` and a `content` that is a string or a list of text parts."""
+def chat_messages(body: Mapping[str, Any], fetched: Mapping[str, bytes] | None = None) -> tuple[ChatMessage, ...]:
+    """`messages`: objects with a string `role` and a `content` that is a string or a list of text and image_url
+    parts (data: URLs, or remote ones as `fetched` holds them: `router.http.image_urls`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgumentError("messages", "must be a non-empty list of messages")
@@ -132,11 +134,11 @@ def chat_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
         if not isinstance(role, str):
             raise InvalidArgumentError(f"messages[{i}].role", "must be a string")
         if isinstance(content, list):
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            ):
-                raise InvalidArgumentError(f"messages[{i}].content", "only text parts are supported")
-            content = "".join(p["text"] for p in content)
+            parts = _content_parts(i, content, fetched or {})
+            if any(isinstance(p, bytes) for p in parts):
+                parsed.append(ChatMessage(role, "", parts))
+                continue
+            content = "".join(p for p in parts if isinstance(p, str))
         if content is None:
             content = ""
         if not isinstance(content, str):
@@ -145,18 +147,39 @@ def chat_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
     return tuple(parsed)
 
 
+def _content_parts(index: int, content: list[Any], fetched: Mapping[str, bytes]) -> tuple[str | bytes, ...]:
+    parts: list[str | bytes] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        field = f"messages[{index}].content[{j}]"
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind == "image_url" and (url := part_url(part)) is not None:
+            parts.append(image_bytes(url, f"{field}.image_url", fetched))
+        else:
+            raise InvalidArgumentError(field, "must be a text part or an image_url part with a url")
+    return tuple(parts)
+
+
 def chat_input(
-    body: Mapping[str, Any], request_id: str, client_id: str, token_ids: list[int] | None, max_model_len: int
+    body: Mapping[str, Any],
+    request_id: str,
+    client_id: str,
+    token_ids: list[int] | None,
+    max_model_len: int,
+    messages: tuple[ChatMessage, ...] | None = None,
 ) -> GenerateInput:
     """A /v1/chat/completions body; `token_ids`: its messages already tokenized (to default `max_tokens` to what
-    max_model_len leaves, as vLLM does), else None and `messages` go to the lifecycle as they are."""
+    max_model_len leaves, as vLLM does), else None; `messages`: the body's, parsed already (default: parsed here).
+    The messages go to the lifecycle as they are unless they were tokenized and hold no image."""
     default_max_tokens = None if token_ids is None else max(max_model_len - len(token_ids), 1)
     params = sampling_params(body, default_max_tokens)
-    if token_ids is not None:
+    messages = chat_messages(body) if messages is None else messages
+    if token_ids is not None and not any(m.parts for m in messages):
         return GenerateInput(
             request_id, params, token_ids=tuple(token_ids), cache_salt=_salt(body), client_id=client_id
         )
-    return GenerateInput(request_id, params, messages=chat_messages(body), cache_salt=_salt(body), client_id=client_id)
+    return GenerateInput(request_id, params, messages=messages, cache_salt=_salt(body), client_id=client_id)
 
 
 def needs_default_max_tokens(body: Mapping[str, Any]) -> bool:

@@ -16,6 +16,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
 from common.grpc.server import message_size_options
+from common.multimodal import ImageInput
 from common.proto_convert import finish_reason_from_pb, sampling_params_to_pb, stop_reason_from_pb
 from common.sampling_params import SamplingParams
 from common.tls import ChannelSecurity
@@ -103,6 +104,7 @@ class PodClient:
         target: KVTarget,
         cache_salt: str | None,
         timeout: float | None,
+        images: Sequence[ImageInput] = (),
     ) -> AsyncGenerator[FirstToken | TransferDone, None]:
         """The Prefill stream: FirstToken, then TransferDone. Closing the iterator cancels the call."""
         request = prefill_pb2.PrefillRequest(
@@ -111,6 +113,7 @@ class PodClient:
             sampling_params=sampling_params_to_pb(params),
             kv_target=kv_target_to_pb(target),
             cache_salt=cache_salt,
+            images=[prefill_pb2.PromptImage(data=i.data, offset=i.offset, num_tokens=i.num_tokens) for i in images],
         )
         call = self._prefill.Prefill(request, timeout=timeout)
         try:

@@ -47,6 +47,20 @@ class ChatMessage:
 
     role: str
     content: str
+    parts: tuple[str | bytes, ...] = ()
+    """The content as parts, in order, when it holds images (content is then empty): text, and images' bytes."""
+
+    @property
+    def images(self) -> tuple[bytes, ...]:
+        return tuple(part for part in self.parts if isinstance(part, bytes))
+
+    def template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it: image parts as `{"type": "image"}` (the template writes the
+        model's image token there)."""
+        if not self.parts:
+            return {"role": self.role, "content": self.content}
+        parts = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in self.parts]
+        return {"role": self.role, "content": parts}
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
@@ -65,7 +79,7 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return ids
 
 
-def _encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+def _encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
     rendered: str = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     # NOTE: the template wrote the special tokens (BOS, role markers) itself; transformers adds none either.
     ids: list[int] = tokenizer.backend_tokenizer.encode(rendered, add_special_tokens=False).ids
@@ -75,8 +89,14 @@ def _encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, st
 _OPERATIONS: dict[str, Callable[[PreTrainedTokenizerBase, Any], list[int]]] = {"encode": _encode, "chat": _encode_chat}
 
 
-def _input_chars(arg: str | list[dict[str, str]]) -> int:
-    return len(arg) if isinstance(arg, str) else sum(len(m["role"]) + len(m["content"]) for m in arg)
+def _input_chars(arg: str | list[dict[str, Any]]) -> int:
+    if isinstance(arg, str):
+        return len(arg)
+    return sum(len(m["role"]) + sum(len(p.get("text", "")) for p in _parts(m["content"])) for m in arg)
+
+
+def _parts(content: str | list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{"text": content}] if isinstance(content, str) else content
 
 
 def _malloc_trim() -> Callable[[], None]:
@@ -153,7 +173,7 @@ class TokenizerPool:
 
         Raises InvalidArgumentError("messages", ...) when the template rejects the conversation.
         """
-        ids: list[int] = await self._call("chat", [{"role": m.role, "content": m.content} for m in messages])
+        ids: list[int] = await self._call("chat", [m.template_input() for m in messages])
         return ids
 
     async def aclose(self) -> None:

@@ -112,7 +112,7 @@ def test_chat_input_content_parts_and_default_max_tokens() -> None:
     assert (tokenized.token_ids, tokenized.messages, tokenized.params.max_tokens) == ((1, 2, 3), None, 97)
     with pytest.raises(InvalidArgumentError) as info:
         chat_input({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "r", "c", None, 100)
-    assert info.value.field == "messages[0].content"
+    assert info.value.field == "messages[0].content[0]"  # an image_url part without its url
 
 
 def _chunk(index: int, text: str, finish: str | None = None, usage: Usage | None = None) -> CompletionChunk:

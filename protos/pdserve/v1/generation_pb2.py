@@ -26,53 +26,57 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from pdserve.v1 import sampling_pb2 as pdserve_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19pdserve/v1/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x88\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\nrequest_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_request_idB\r\n\x0b_cache_salt\"\xcd\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x07 \x01(\x0b\x32\x16.pdserve.v1.StopReason\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12+\n\x07metrics\x18\t \x01(\x0b\x32\x1a.pdserve.v1.RequestMetrics\x12\x1f\n\x12\x63umulative_logprob\x18\n \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_cumulative_logprob\"\xa0\x02\n\x0eRequestMetrics\x12\x16\n\x0eprefill_pod_id\x18\x01 \x01(\t\x12\x15\n\rdecode_pod_id\x18\x02 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x04\x12\x37\n\x14kv_transfer_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x1atime_to_first_decode_token\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cnum_attempts\x18\x07 \x01(\r\"\x15\n\x13GetModelInfoRequest\"~\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\"X\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"M\n\rAbortResponse\x12\'\n\x06result\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.AbortResult\x12\x13\n\x0bnum_aborted\x18\x02 \x01(\r\"\x16\n\x14GetServerInfoRequest\"\x9f\x01\n\nPodSummary\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\x07 \x01(\r\"\xfc\x01\n\x15GetServerInfoResponse\x12/\n\x05model\x18\x01 \x01(\x0b\x32 .pdserve.v1.GetModelInfoResponse\x12\r\n\x05roles\x18\x02 \x03(\t\x12$\n\x04pods\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.PodSummary\x12\x18\n\x10num_prefill_pods\x18\x04 \x01(\r\x12\x17\n\x0fnum_decode_pods\x18\x05 \x01(\r\x12\x1b\n\x13tokenizer_pool_size\x18\x06 \x01(\r\x12\x11\n\thttp_port\x18\x07 \x01(\r\x12\x1a\n\x12num_router_workers\x18\x08 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\x07PodLoad\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.PodSummary\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\"\x91\x01\n\x0fGetLoadResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x1c\n\x14num_running_requests\x18\x02 \x01(\r\x12!\n\x04pods\x18\x03 \x03(\x0b\x32\x13.pdserve.v1.PodLoad\x12\x15\n\rrouter_worker\x18\x04 \x01(\r*\x84\x01\n\x0b\x41\x62ortResult\x12\x1c\n\x18\x41\x42ORT_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x42ORT_RESULT_ABORTED\x10\x01\x12!\n\x1d\x41\x42ORT_RESULT_ALREADY_FINISHED\x10\x02\x12\x1a\n\x16\x41\x42ORT_RESULT_NOT_FOUND\x10\x03*`\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVER_STATE_SERVING\x10\x01\x12\x19\n\x15SERVER_STATE_DRAINING\x10\x02\x32\xce\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a .pdserve.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12T\n\rGetServerInfo\x12 .pdserve.v1.GetServerInfoRequest\x1a!.pdserve.v1.GetServerInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x1b.pdserve.v1.GetLoadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19pdserve/v1/sampling.proto\"\x19\n\tImagePart\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"M\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x05image\x18\x02 \x01(\x0b\x32\x15.pdserve.v1.ImagePartH\x00\x42\x06\n\x04part\"\\\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12.\n\rcontent_parts\x18\x03 \x03(\x0b\x32\x17.pdserve.v1.ContentPart\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x88\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\nrequest_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_request_idB\r\n\x0b_cache_salt\"\xcd\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x07 \x01(\x0b\x32\x16.pdserve.v1.StopReason\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12+\n\x07metrics\x18\t \x01(\x0b\x32\x1a.pdserve.v1.RequestMetrics\x12\x1f\n\x12\x63umulative_logprob\x18\n \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_cumulative_logprob\"\xa0\x02\n\x0eRequestMetrics\x12\x16\n\x0eprefill_pod_id\x18\x01 \x01(\t\x12\x15\n\rdecode_pod_id\x18\x02 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x04\x12\x37\n\x14kv_transfer_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x1atime_to_first_decode_token\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cnum_attempts\x18\x07 \x01(\r\"\x15\n\x13GetModelInfoRequest\"~\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\"X\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"M\n\rAbortResponse\x12\'\n\x06result\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.AbortResult\x12\x13\n\x0bnum_aborted\x18\x02 \x01(\r\"\x16\n\x14GetServerInfoRequest\"\x9f\x01\n\nPodSummary\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\x07 \x01(\r\"\xfc\x01\n\x15GetServerInfoResponse\x12/\n\x05model\x18\x01 \x01(\x0b\x32 .pdserve.v1.GetModelInfoResponse\x12\r\n\x05roles\x18\x02 \x03(\t\x12$\n\x04pods\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.PodSummary\x12\x18\n\x10num_prefill_pods\x18\x04 \x01(\r\x12\x17\n\x0fnum_decode_pods\x18\x05 \x01(\r\x12\x1b\n\x13tokenizer_pool_size\x18\x06 \x01(\r\x12\x11\n\thttp_port\x18\x07 \x01(\r\x12\x1a\n\x12num_router_workers\x18\x08 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\x07PodLoad\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.PodSummary\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\"\x91\x01\n\x0fGetLoadResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.pdserve.v1.ServerState\x12\x1c\n\x14num_running_requests\x18\x02 \x01(\r\x12!\n\x04pods\x18\x03 \x03(\x0b\x32\x13.pdserve.v1.PodLoad\x12\x15\n\rrouter_worker\x18\x04 \x01(\r*\x84\x01\n\x0b\x41\x62ortResult\x12\x1c\n\x18\x41\x42ORT_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x42ORT_RESULT_ABORTED\x10\x01\x12!\n\x1d\x41\x42ORT_RESULT_ALREADY_FINISHED\x10\x02\x12\x1a\n\x16\x41\x42ORT_RESULT_NOT_FOUND\x10\x03*`\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVER_STATE_SERVING\x10\x01\x12\x19\n\x15SERVER_STATE_DRAINING\x10\x02\x32\xce\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a .pdserve.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12T\n\rGetServerInfo\x12 .pdserve.v1.GetServerInfoRequest\x1a!.pdserve.v1.GetServerInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x1b.pdserve.v1.GetLoadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ABORTRESULT']._serialized_start=2337
-  _globals['_ABORTRESULT']._serialized_end=2469
-  _globals['_SERVERSTATE']._serialized_start=2471
-  _globals['_SERVERSTATE']._serialized_end=2567
-  _globals['_CHATMESSAGE']._serialized_start=102
-  _globals['_CHATMESSAGE']._serialized_end=146
-  _globals['_CHATMESSAGES']._serialized_start=148
-  _globals['_CHATMESSAGES']._serialized_end=205
-  _globals['_TOKENIDS']._serialized_start=207
-  _globals['_TOKENIDS']._serialized_end=236
-  _globals['_GENERATEREQUEST']._serialized_start=239
-  _globals['_GENERATEREQUEST']._serialized_end=503
-  _globals['_GENERATERESPONSE']._serialized_start=506
-  _globals['_GENERATERESPONSE']._serialized_end=839
-  _globals['_REQUESTMETRICS']._serialized_start=842
-  _globals['_REQUESTMETRICS']._serialized_end=1130
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1132
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1153
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1155
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1281
-  _globals['_TOKENIZEREQUEST']._serialized_start=1283
-  _globals['_TOKENIZEREQUEST']._serialized_end=1371
-  _globals['_TOKENIZERESPONSE']._serialized_start=1373
-  _globals['_TOKENIZERESPONSE']._serialized_end=1430
-  _globals['_ABORTREQUEST']._serialized_start=1432
-  _globals['_ABORTREQUEST']._serialized_end=1466
-  _globals['_ABORTRESPONSE']._serialized_start=1468
-  _globals['_ABORTRESPONSE']._serialized_end=1545
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1547
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1569
-  _globals['_PODSUMMARY']._serialized_start=1572
-  _globals['_PODSUMMARY']._serialized_end=1731
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=1734
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1986
-  _globals['_GETLOADREQUEST']._serialized_start=1988
-  _globals['_GETLOADREQUEST']._serialized_end=2004
-  _globals['_PODLOAD']._serialized_start=2007
-  _globals['_PODLOAD']._serialized_end=2186
-  _globals['_GETLOADRESPONSE']._serialized_start=2189
-  _globals['_GETLOADRESPONSE']._serialized_end=2334
-  _globals['_GENERATIONSERVICE']._serialized_start=2570
-  _globals['_GENERATIONSERVICE']._serialized_end=3032
+  _globals['_ABORTRESULT']._serialized_start=2491
+  _globals['_ABORTRESULT']._serialized_end=2623
+  _globals['_SERVERSTATE']._serialized_start=2625
+  _globals['_SERVERSTATE']._serialized_end=2721
+  _globals['_IMAGEPART']._serialized_start=102
+  _globals['_IMAGEPART']._serialized_end=127
+  _globals['_CONTENTPART']._serialized_start=129
+  _globals['_CONTENTPART']._serialized_end=206
+  _globals['_CHATMESSAGE']._serialized_start=208
+  _globals['_CHATMESSAGE']._serialized_end=300
+  _globals['_CHATMESSAGES']._serialized_start=302
+  _globals['_CHATMESSAGES']._serialized_end=359
+  _globals['_TOKENIDS']._serialized_start=361
+  _globals['_TOKENIDS']._serialized_end=390
+  _globals['_GENERATEREQUEST']._serialized_start=393
+  _globals['_GENERATEREQUEST']._serialized_end=657
+  _globals['_GENERATERESPONSE']._serialized_start=660
+  _globals['_GENERATERESPONSE']._serialized_end=993
+  _globals['_REQUESTMETRICS']._serialized_start=996
+  _globals['_REQUESTMETRICS']._serialized_end=1284
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1286
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1307
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1309
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1435
+  _globals['_TOKENIZEREQUEST']._serialized_start=1437
+  _globals['_TOKENIZEREQUEST']._serialized_end=1525
+  _globals['_TOKENIZERESPONSE']._serialized_start=1527
+  _globals['_TOKENIZERESPONSE']._serialized_end=1584
+  _globals['_ABORTREQUEST']._serialized_start=1586
+  _globals['_ABORTREQUEST']._serialized_end=1620
+  _globals['_ABORTRESPONSE']._serialized_start=1622
+  _globals['_ABORTRESPONSE']._serialized_end=1699
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1701
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1723
+  _globals['_PODSUMMARY']._serialized_start=1726
+  _globals['_PODSUMMARY']._serialized_end=1885
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=1888
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=2140
+  _globals['_GETLOADREQUEST']._serialized_start=2142
+  _globals['_GETLOADREQUEST']._serialized_end=2158
+  _globals['_PODLOAD']._serialized_start=2161
+  _globals['_PODLOAD']._serialized_end=2340
+  _globals['_GETLOADRESPONSE']._serialized_start=2343
+  _globals['_GETLOADRESPONSE']._serialized_end=2488
+  _globals['_GENERATIONSERVICE']._serialized_start=2724
+  _globals['_GENERATIONSERVICE']._serialized_end=3186
 # @@protoc_insertion_point(module_scope)

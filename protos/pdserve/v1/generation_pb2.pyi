@@ -74,6 +74,60 @@ SERVER_STATE_DRAINING: ServerState.ValueType  # 2
 Global___ServerState: _TypeAlias = ServerState  # noqa: Y015
 
 @_typing.final
+class ImagePart(_message.Message):
+    """An image in a chat message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The image file's bytes: PNG or JPEG."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImagePart: _TypeAlias = ImagePart  # noqa: Y015
+
+@_typing.final
+class ContentPart(_message.Message):
+    """One part of a chat message's content."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """Text."""
+    @_builtins.property
+    def image(self) -> Global___ImagePart:
+        """An image, seen by the model where the part stands (vision-language models only). A prompt holds at most
+        the router's --limit-mm-per-prompt images; a malformed or oversized image is INVALID_ARGUMENT.
+        """
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        image: Global___ImagePart | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "part", b"part", "text", b"text"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "part", b"part", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["text", "image"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___ContentPart: _TypeAlias = ContentPart  # noqa: Y015
+
+@_typing.final
 class ChatMessage(_message.Message):
     """One message of a chat conversation."""
 
@@ -81,19 +135,25 @@ class ChatMessage(_message.Message):
 
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
+    CONTENT_PARTS_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """Author of the message, e.g. "system", "user" or "assistant"."""
     content: _builtins.str
-    """Text of the message."""
+    """Text of the message (empty when content_parts is set)."""
+    @_builtins.property
+    def content_parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]:
+        """The message's content as parts (text and images), in order; when set, content must be empty."""
+
     def __init__(
         self,
         *,
         role: _builtins.str = ...,
         content: _builtins.str = ...,
+        content_parts: _abc.Iterable[Global___ContentPart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "content_parts", b"content_parts", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 from pdserve.v1 import sampling_pb2 as pdserve_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cpdserve/v1/kv_transfer.proto\x1a\x19pdserve/v1/sampling.proto\"\xc4\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\'\n\tkv_target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\xee\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x14\n\x07logprob\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x33\n\x10prefill_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x06 \x01(\x0b\x32\x16.pdserve.v1.StopReasonB\n\n\x08_logprob\"k\n\x0cTransferDone\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\x12\x34\n\x11transfer_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"|\n\x0fPrefillResponse\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.FirstTokenH\x00\x12\x31\n\rtransfer_done\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TransferDoneH\x00\x42\x07\n\x05\x65vent2V\n\x0ePrefillService\x12\x44\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cpdserve/v1/kv_transfer.proto\x1a\x19pdserve/v1/sampling.proto\"\xed\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\'\n\tkv_target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\'\n\x06images\x18\x06 \x03(\x0b\x32\x17.pdserve.v1.PromptImageB\r\n\x0b_cache_salt\"?\n\x0bPromptImage\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\r\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\"\xee\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x14\n\x07logprob\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x33\n\x10prefill_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12+\n\x0bstop_reason\x18\x06 \x01(\x0b\x32\x16.pdserve.v1.StopReasonB\n\n\x08_logprob\"k\n\x0cTransferDone\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\x12\x34\n\x11transfer_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"|\n\x0fPrefillResponse\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.FirstTokenH\x00\x12\x31\n\rtransfer_done\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TransferDoneH\x00\x42\x07\n\x05\x65vent2V\n\x0ePrefillService\x12\x44\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,13 +35,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.prefill_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=130
-  _globals['_PREFILLREQUEST']._serialized_end=326
-  _globals['_FIRSTTOKEN']._serialized_start=329
-  _globals['_FIRSTTOKEN']._serialized_end=567
-  _globals['_TRANSFERDONE']._serialized_start=569
-  _globals['_TRANSFERDONE']._serialized_end=676
-  _globals['_PREFILLRESPONSE']._serialized_start=678
-  _globals['_PREFILLRESPONSE']._serialized_end=802
-  _globals['_PREFILLSERVICE']._serialized_start=804
-  _globals['_PREFILLSERVICE']._serialized_end=890
+  _globals['_PREFILLREQUEST']._serialized_end=367
+  _globals['_PROMPTIMAGE']._serialized_start=369
+  _globals['_PROMPTIMAGE']._serialized_end=432
+  _globals['_FIRSTTOKEN']._serialized_start=435
+  _globals['_FIRSTTOKEN']._serialized_end=673
+  _globals['_TRANSFERDONE']._serialized_start=675
+  _globals['_TRANSFERDONE']._serialized_end=782
+  _globals['_PREFILLRESPONSE']._serialized_start=784
+  _globals['_PREFILLRESPONSE']._serialized_end=908
+  _globals['_PREFILLSERVICE']._serialized_start=910
+  _globals['_PREFILLSERVICE']._serialized_end=996
 # @@protoc_insertion_point(module_scope)

@@ -32,6 +32,7 @@ class PrefillRequest(_message.Message):
     SAMPLING_PARAMS_FIELD_NUMBER: _builtins.int
     KV_TARGET_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    IMAGES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The request's id, for logs and traces."""
     cache_salt: _builtins.str
@@ -48,6 +49,12 @@ class PrefillRequest(_message.Message):
     def kv_target(self) -> _kv_transfer_pb2.KVTarget:
         """Where to write the prompt's KV (from DecodeService.Reserve)."""
 
+    @_builtins.property
+    def images(self) -> _containers.RepeatedCompositeFieldContainer[Global___PromptImage]:
+        """The prompt's images (vision-language models), in prompt order: the pod's vision encoder computes the
+        embeddings of their placeholder tokens.
+        """
+
     def __init__(
         self,
         *,
@@ -56,16 +63,47 @@ class PrefillRequest(_message.Message):
         sampling_params: _sampling_pb2.SamplingParams | None = ...,
         kv_target: _kv_transfer_pb2.KVTarget | None = ...,
         cache_salt: _builtins.str | None = ...,
+        images: _abc.Iterable[Global___PromptImage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "kv_target", b"kv_target", "sampling_params", b"sampling_params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "kv_target", b"kv_target", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling_params", b"sampling_params"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt", "cache_salt", b"cache_salt", "images", b"images", "kv_target", b"kv_target", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling_params", b"sampling_params"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cache_salt: _TypeAlias = _typing.Literal["cache_salt"]  # noqa: Y015
     _WhichOneofArgType__cache_salt: _TypeAlias = _typing.Literal["_cache_salt", b"_cache_salt"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cache_salt) -> _WhichOneofReturnType__cache_salt | None: ...
 
 Global___PrefillRequest: _TypeAlias = PrefillRequest  # noqa: Y015
+
+@_typing.final
+class PromptImage(_message.Message):
+    """An image of a prompt and the placeholder tokens its embeddings fill."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The image file's bytes: PNG or JPEG."""
+    offset: _builtins.int
+    """Position of its first placeholder token in prompt_token_ids."""
+    num_tokens: _builtins.int
+    """Number of its placeholder tokens (the model's tokens per image)."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        num_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "num_tokens", b"num_tokens", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromptImage: _TypeAlias = PromptImage  # noqa: Y015
 
 @_typing.final
 class FirstToken(_message.Message):
