@@ -6,8 +6,8 @@ The lifecycle, at start-up:
    `cpu_offload_gb` of device memory, from the layers' sizes as built (measured on layers built on the `meta`
    device: `engine.models.loader.decoder_layer_nbytes`);
 2. the model builds those layers in host memory and loads their weights there; each is finished
-   (`process_weights_after_loading`) on the device, one layer at a time, and copied back: no picked layer's
-   weights are ever all on the device, so the device holds at most the others plus one layer;
+   (`process_weights_after_loading`) on the device, one layer at a time, and copied back: the device holds at most
+   the other layers plus one picked layer, never the whole model;
 3. `offload_layers` allocates one set of device tensors, the staging set (decoder layers all have the same
    tensors), moves each picked layer's tensors to host tensors (pinned on CUDA) and points the layer's parameters
    at the staging set;
