@@ -72,9 +72,9 @@ class ModelConfig:
     cpu_offload_gb: float = field(
         default=0.0,
         metadata=doc(
-            "GiB of weights kept in host memory (whole decoder layers, the last ones first) and copied to the device "
-            "before each of them runs: serves a model a little too large for the device, at the cost of that copy "
-            "every step; 0: all weights on the device"
+            "GiB of weights kept in host memory (whole decoder layers, the last ones first, sized as loaded: before "
+            "a quantization at load) and copied to the device before each of them runs: serves a model a little too "
+            "large for the device, at the cost of that copy every step; 0: all weights on the device"
         ),
     )
 

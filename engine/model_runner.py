@@ -79,10 +79,8 @@ class ModelRunner:
         backend = make_attention_backend(self.device, self.block_size, self.arch.head_dim**-0.5)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device)
         self.model = load_model(model_path, config.model, backend, self.dtype, self.device, comm)
-        stage = self.model.model.stage_layers
-        self.offloaded_layers = offload_layers(
-            list(self.model.model.layers[stage.start : stage.stop]), config.model.cpu_offload_gb
-        )
+        host_layers = self.model.model.host_layers
+        self.offloaded_layers = offload_layers([self.model.model.layers[i] for i in host_layers], self.device)
         self.prompt_embedder = PromptEmbedder.for_model(
             model_path, self.model.model.embed_tokens, self.dtype, self.device, comm.rank.world_size
         )

@@ -1,17 +1,20 @@
 """Weight offload (`cpu_offload_gb`): some decoder layers keep their weights in host memory and are copied to the
-device just before they run.
+device just before they run, so a model a little too large for the device is served.
 
-At start-up, after the weights are loaded, `offload_layers`:
-1. picks the last layers of the stage, as few as save at least `cpu_offload_gb` of device memory;
-2. copies each picked layer's parameters and buffers to host tensors (pinned on CUDA);
-3. points every picked layer's tensors at one set of device tensors, the first picked layer's own (the staging
-   set: decoder layers all have the same tensors), and frees the others' device memory;
-4. registers a forward pre-hook on each picked layer that copies its host tensors into the staging set.
+The lifecycle, at start-up:
+1. before the model is built, `host_layer_range` picks the last layers of the stage, as few as save at least
+   `cpu_offload_gb` of device memory, from the layers' sizes as built (measured on layers built on the `meta`
+   device: `engine.models.loader.decoder_layer_nbytes`);
+2. the model builds those layers in host memory and loads their weights there; each is finished
+   (`process_weights_after_loading`) on the device, one layer at a time, and copied back: the device holds at most
+   the other layers plus one picked layer, never the whole model;
+3. `offload_layers` allocates one set of device tensors, the staging set (decoder layers all have the same
+   tensors), moves each picked layer's tensors to host tensors (pinned on CUDA) and points the layer's parameters
+   at the staging set;
+4. a forward pre-hook on each picked layer copies its host tensors into the staging set.
 The copies are enqueued on the current stream like any kernel, so CUDA graphs capture them too. Saving `n - 1`
 layers' memory costs the copy of `n` layers every step. On CPU the same copies run (no memory is saved): the path
 the tests check.
-
-NOTE: the weights are loaded to the device first: the saving goes to the KV pool, sized after this.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ def _layer_tensors(layer: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
 
 
-def _nbytes(layer: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in _layer_tensors(layer).values())
+def module_nbytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in _layer_tensors(module).values())
 
 
 def layers_to_offload(layer_nbytes: list[int], cpu_offload_gb: float) -> list[int]:
@@ -47,22 +51,30 @@ def layers_to_offload(layer_nbytes: list[int], cpu_offload_gb: float) -> list[in
     return sorted(picked)
 
 
+def host_layer_range(stage: range, layer_nbytes: list[int], cpu_offload_gb: float) -> range:
+    """The layers of `stage` (`layer_nbytes`: its layers' sizes, in order) whose weights stay in host memory: the
+    last ones `layers_to_offload` picks; empty for none."""
+    picked = layers_to_offload(layer_nbytes, cpu_offload_gb)
+    if not picked:
+        return range(stage.stop, stage.stop)
+    return range(stage.start + picked[0], stage.stop)
+
+
 class OffloadedLayer:
-    """One layer's host copies and the staging tensors its forward pre-hook copies them into."""
+    """One layer's host tensors and the staging tensors its forward pre-hook copies them into."""
 
     def __init__(self, layer: nn.Module, staging: dict[str, torch.Tensor]) -> None:
         pin = next(iter(staging.values())).device.type == "cuda"
         tensors = _layer_tensors(layer)
         if {n: (t.shape, t.dtype) for n, t in tensors.items()} != {n: (t.shape, t.dtype) for n, t in staging.items()}:
             raise ValueError("offloaded layers must have the same tensors")
-        self.host = {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()}
-        if pin:
-            self.host = {name: tensor.pin_memory() for name, tensor in self.host.items()}
+        if any(t.device.type != "cpu" for t in tensors.values()):
+            raise ValueError("offloaded layers are built in host memory")
+        self.host = {name: tensor.detach().pin_memory() if pin else tensor.detach() for name, tensor in tensors.items()}
         self.staging = staging
         self._non_blocking = pin
         for name, tensor in tensors.items():
-            if tensor.data_ptr() != staging[name].data_ptr():
-                tensor.data = staging[name]
+            tensor.data = staging[name]
         self.num_copies = 0
         layer.register_forward_pre_hook(self.copy_in)
 
@@ -72,18 +84,21 @@ class OffloadedLayer:
         self.num_copies += 1
 
 
-def offload_layers(layers: list[nn.Module], cpu_offload_gb: float) -> list[OffloadedLayer]:
-    """Offload the last of `layers` (one pipeline stage's decoder layers, in order) as the module docstring says;
-    the offloaded layers' handles, in layer order."""
-    picked = layers_to_offload([_nbytes(layer) for layer in layers], cpu_offload_gb)
-    if not picked:
+def offload_layers(layers: list[nn.Module], device: torch.device) -> list[OffloadedLayer]:
+    """Stream `layers` (consecutive decoder layers built in host memory, step 2 of the module docstring) to
+    `device` through one staging set, as the module docstring says; their handles, in layer order."""
+    if not layers:
         return []
-    staging = {name: tensor.data for name, tensor in _layer_tensors(layers[picked[0]]).items()}
-    offloaded = [OffloadedLayer(layers[index], staging) for index in picked]
-    saved = sum(_nbytes(layers[i]) for i in picked[1:])
-    if next(iter(staging.values())).device.type == "cuda":
+    staging = {name: torch.empty_like(t, device=device) for name, t in _layer_tensors(layers[0]).items()}
+    offloaded = [OffloadedLayer(layer, staging) for layer in layers]
+    if device.type == "cuda":
         torch.cuda.empty_cache()
+    host_nbytes = sum(module_nbytes(layer) for layer in layers)
     logger.info(
-        "weights of %d layers offloaded to host memory (%.2f GiB of device memory saved)", len(picked), saved / 2**30
+        "weights of %d layers in host memory (%.2f GiB), streamed through one staging set on %s (%.2f GiB)",
+        len(layers),
+        host_nbytes / 2**30,
+        device,
+        module_nbytes(layers[0]) / 2**30,
     )
     return offloaded

@@ -20,6 +20,8 @@ the hidden states and residual from the previous stage, and every stage but the 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -151,6 +153,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """`host_layers`: decoder layers built in host memory whatever the device (`cpu_offload_gb`:
+    engine.kv_tier.weight_offload streams their weights to the device)."""
+
     def __init__(
         self,
         cfg: ArchConfig,
@@ -158,6 +163,7 @@ class LlamaModel(nn.Module):
         backend: AttentionBackend,
         linear_method: LinearMethod,
         comm: Communicator,
+        host_layers: range = range(0),
     ) -> None:
         super().__init__()
         self.comm = comm
@@ -173,10 +179,14 @@ class LlamaModel(nn.Module):
             persistent=False,
         )
         self.stage_layers = rank.stage_layers(cfg.num_layers)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, kernels, backend, linear_method, comm, i) if i in self.stage_layers else nn.Module()
-            for i in range(cfg.num_layers)
-        )
+        self.host_layers = host_layers
+        self.layers = nn.ModuleList()
+        for i in range(cfg.num_layers):
+            if i not in self.stage_layers:
+                self.layers.append(nn.Module())
+                continue
+            with torch.device("cpu") if i in host_layers else contextlib.nullcontext():
+                self.layers.append(LlamaDecoderLayer(cfg, kernels, backend, linear_method, comm, i))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels) if rank.is_last_stage else None
 
     def forward(
@@ -212,7 +222,7 @@ class LlamaForCausalLM(nn.Module):
     """Serves every architecture in `arch_config.SUPPORTED_ARCHITECTURES`. The decoder's projections run
     `linear_method` (the quantization's), the lm_head `head_method`; the embedding stays in
     the model dtype (a tied lm_head that a method quantizes gets its own copy). `comm` places the model on its rank
-    (default: the whole model on one device)."""
+    (default: the whole model on one device); `host_layers` are built in host memory (`LlamaModel`)."""
 
     def __init__(
         self,
@@ -222,10 +232,11 @@ class LlamaForCausalLM(nn.Module):
         linear_method: LinearMethod,
         head_method: LinearMethod,
         comm: Communicator = SINGLE_RANK,
+        host_layers: range = range(0),
     ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, kernels, backend, linear_method, comm)
+        self.model = LlamaModel(cfg, kernels, backend, linear_method, comm, host_layers)
         self.lm_head: ParallelLMHead | None = None
         if comm.rank.is_last_stage:
             self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, False, head_method, comm)

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from common.errors import InvalidArgumentError
 from engine.attention.backend import AttentionBackend
 from engine.config import ModelConfig
+from engine.kv_tier.weight_offload import host_layer_range, module_nbytes
 from engine.layers.kernels import layer_kernels
 from engine.layers.linear import Linear, StackedLinear
 from engine.layers.quant.base import NamedTensors, QuantMethod
@@ -42,9 +43,11 @@ def build_model(
     quant: QuantMethod | None = None,
     comm: Communicator = SINGLE_RANK,
     quantize_lm_head: bool = False,
+    host_layers: range = range(0),
 ) -> LlamaForCausalLM:
-    """The model (`comm`'s shard of it) with freshly initialized weights, created directly on `device` in `dtype`;
-    its projections (and the lm_head with `quantize_lm_head`) run `quant`'s methods (default: unquantized) once
+    """The model (`comm`'s shard of it) with freshly initialized weights, created directly on `device` in `dtype`,
+    but for the decoder layers `host_layers`, created in host memory (`cpu_offload_gb`); its projections (and the
+    lm_head with `quantize_lm_head`) run `quant`'s methods (default: unquantized) once
     `process_weights_after_loading` has run; the layers' other kernels launch early where those methods'
     GEMVs do (`LinearMethod.gemv_pdl`)."""
     kernels = layer_kernels(device)
@@ -57,18 +60,45 @@ def build_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, head_method, comm)
+            model = LlamaForCausalLM(cfg, kernels, backend, linear_method, head_method, comm, host_layers)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
 
 
+def _finish_linear_layers(module: torch.nn.Module) -> None:
+    for child in module.modules():
+        if isinstance(child, Linear):
+            child.method.process_weights_after_loading(child)
+
+
 @torch.no_grad()
-def process_weights_after_loading(model: LlamaForCausalLM) -> None:
-    """Let every linear layer's method finish its loaded weights (e.g. float -> int8 + scales)."""
+def process_weights_after_loading(model: LlamaForCausalLM, device: torch.device) -> None:
+    """Let every linear layer's method finish its loaded weights (e.g. float -> int8 + scales). A host layer
+    (`build_model`'s `host_layers`) is finished on `device` as the others are, one layer at a time: copied to
+    `device`, finished, copied back to host memory."""
+    host_layers = [model.model.layers[i] for i in model.model.host_layers]
+    for layer in host_layers:
+        _finish_linear_layers(layer.to(device))
+        layer.to("cpu")
+    finished = {id(module) for layer in host_layers for module in layer.modules()}
     for module in model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and id(module) not in finished:
             module.method.process_weights_after_loading(module)
+
+
+def decoder_layer_nbytes(
+    cfg: ArchConfig,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    quant: QuantMethod | None = None,
+    comm: Communicator = SINGLE_RANK,
+) -> list[int]:
+    """Bytes of each of the stage's decoder layers as `build_model` creates them (before a quantization at load
+    shrinks them), measured on a model built on the `meta` device: no memory, no random numbers drawn."""
+    model = build_model(cfg, backend, dtype, torch.device("meta"), quant, comm)
+    stage = model.model.stage_layers
+    return [module_nbytes(layer) for layer in model.model.layers[stage.start : stage.stop]]
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -217,16 +247,23 @@ def load_model(
     comm: Communicator = SINGLE_RANK,
 ) -> LlamaForCausalLM:
     """The model of `folder` (`comm`'s shard) as `model_config` asks: its checkpoint's weights (or random ones for
-    load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint."""
+    load_format="dummy"), in the quantization `model_config.quantization` resolves to for this checkpoint. With
+    `cpu_offload_gb`, the last decoder layers (`host_layer_range`) are built, loaded and kept in host memory; the
+    caller offloads them (`offload_layers`). A host layer's random weights come from the host's generator."""
     cfg = ArchConfig.from_folder(folder)
     _check_moe_weights(folder, cfg)
     dummy = model_config.load_format == "dummy"
     quant = resolve_quant_method(model_config.quantization, cfg.quantization_config, device, random_weights=dummy)
     if comm.rank.world_size > 1:
         _check_shardable(folder, cfg)
+    host_layers = range(0)
+    if model_config.cpu_offload_gb > 0:
+        layer_nbytes = decoder_layer_nbytes(cfg, backend, dtype, quant, comm)
+        stage = comm.rank.stage_layers(cfg.num_layers)
+        host_layers = host_layer_range(stage, layer_nbytes, model_config.cpu_offload_gb)
     if dummy:
         torch.manual_seed(model_config.seed)
-    model = build_model(cfg, backend, dtype, device, quant, comm, model_config.quantize_lm_head)
+    model = build_model(cfg, backend, dtype, device, quant, comm, model_config.quantize_lm_head, host_layers)
     if dummy:
         random_tensors = quant.random_checkpoint(projection_shapes(model), device)
         load_weights(model, quant.translate(random_tensors), folder, require_all=False)
@@ -234,5 +271,5 @@ def load_model(
         load_sharded_weights(model, safetensors_files(folder), cfg.tie_word_embeddings)
     else:
         load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
-    process_weights_after_loading(model)
+    process_weights_after_loading(model, device)
     return model

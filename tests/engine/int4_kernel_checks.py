@@ -124,7 +124,7 @@ def check_packed_model_layers(folder: Path) -> None:
         quant = Gptq(cfg.quantization_config, packed=packed)
         model = build_model(cfg, TorchAttentionBackend(16, 1.0), torch.float32, torch.device("cpu"), quant)
         load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
-        process_weights_after_loading(model)
+        process_weights_after_loading(model, torch.device("cpu"))
         models.append(model)
     packed_layer, dense_layer = models[0].model.layers[0], models[1].model.layers[0]
     gen = torch.Generator().manual_seed(0)

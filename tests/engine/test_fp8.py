@@ -124,7 +124,7 @@ def test_compressed_tensors_checkpoint_loads_as_it_is(tmp_path: Path) -> None:
     quant = CompressedTensorsFp8(cfg.quantization_config or {}, fp8_linear_reference)
     model = build_model(cfg, TorchAttentionBackend(16, 0.1), torch.float32, CPU, quant)
     load_weights(model, quant.translate(checkpoint_tensors(folder, cfg)), folder)
-    process_weights_after_loading(model)
+    process_weights_after_loading(model, CPU)
     qkv = model.get_submodule("model.layers.1.self_attn.qkv_proj")
     assert isinstance(qkv, StackedLinear)
     rows = {shard: qkv.shard_rows(shard) for shard in ("q_proj", "k_proj", "v_proj")}
