@@ -109,6 +109,8 @@ def load_draft_runner(config: EngineConfig, target_path: Path) -> DraftRunner:
             dtype=str(target_dtype).removeprefix("torch."),
             quantization="auto",
             quantize_lm_head=False,
+            # NOTE: `cpu_offload_gb` is the target's budget; the draft, small and run k times a step, stays whole.
+            cpu_offload_gb=0.0,
         ),
         cache=config.cache,
         # NOTE: nothing is proposed while disable_by_batch_size requests run: the draft's batches stay below it.

@@ -90,3 +90,12 @@ def test_draft_kv_comes_out_of_the_pool_budget(target: Path, tmp_path: Path) -> 
     assert (plain.runner.block_nbytes, engine.runner.block_nbytes, draft_runner.block_nbytes) == (16384, 16384, 8192)
     assert (plain.runner.num_blocks, engine.runner.num_blocks, draft_runner.num_blocks) == (192, 128, 128)
     assert draft_runner.kv_cache.shape[0] == 128
+
+
+def test_the_target_offload_budget_leaves_the_draft_whole(target: Path, tmp_path: Path) -> None:
+    """A budget of one byte offloads both layers of the tiny target (one layer's bytes must be saved, and one staging
+    set stays); the draft keeps every layer on its device."""
+    engine = draft_engine(target, save_tiny_model("llama", tmp_path / "draft", seed=1), cpu_offload_gb=2**-30)
+    speculator = engine.speculator
+    assert isinstance(speculator, DraftSpeculator)
+    assert (len(engine.runner.offloaded_layers), len(speculator.draft.runner.offloaded_layers)) == (2, 0)
