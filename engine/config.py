@@ -139,7 +139,8 @@ class CacheConfig:
         default=512,
         metadata=doc(
             "a preempted request with fewer computed tokens is recomputed, a longer one swapped out (with "
-            "swap_space): recomputing a short context costs about a step and often revives its own cached blocks"
+            "swap_space): recomputing a short context costs about a step and often revives its own cached blocks; "
+            "a decode pod's image prompt, which cannot be recomputed there, is swapped whatever its length"
         ),
     )
     host_prefix_cache: bool = field(

@@ -194,16 +194,38 @@ class LLMEngine:
                 "request_id",
                 f"{req_id!r} has {num_blocks} reserved blocks, too few for {len(prompt_token_ids)} prompt tokens",
             )
+        recomputable = not self._has_image_placeholders(prompt_token_ids)
+        # NOTE: an image prompt's blocks are keyed by the request: without its images' hashes, equal placeholders
+        # must not share KV (a swapped-out request finds only its own blocks again).
+        extra_keys = None if recomputable else block_extra_keys(self.config.model.model, f"prefilled image {req_id}")
         if params.use_beam_search:
             # NOTE: the beams start from the prompt's last logits: its last token is computed again, over the KV that
             # arrived; the prefill pod's first token is not used.
-            first_beam = self.beams.add(Request(req_id, prompt_token_ids, params, self.info.eos_token_ids))
+            request = Request(
+                req_id,
+                prompt_token_ids,
+                params,
+                self.info.eos_token_ids,
+                block_extra_keys=extra_keys,
+                recomputable=recomputable,
+            )
+            first_beam = self.beams.add(request)
             first_beam.num_computed_tokens = len(prompt_token_ids) - 1
             self.scheduler.add_request(first_beam)
             return
         self.scheduler.add_request(
-            Request.prefilled(req_id, prompt_token_ids, first_token_id, params, self.info.eos_token_ids)
+            Request.prefilled(
+                req_id, prompt_token_ids, first_token_id, params, self.info.eos_token_ids, extra_keys, recomputable
+            )
         )
+
+    def _has_image_placeholders(self, prompt_token_ids: list[int]) -> bool:
+        """Whether a prefilled prompt holds image placeholders: their KV came with the images, which stayed on the
+        prefill pod. NOTE: a text prompt that spells the image token counts too; it is only ever swapped, never
+        recomputed, which is safe."""
+        if self.image_inputs is None:
+            return False
+        return self.image_inputs.config.image_token_id in prompt_token_ids
 
     def release_kv(self, req_id: str) -> None:
         """Free the blocks a finished prefill request held or a decode reservation took (a running request's once it
@@ -246,7 +268,7 @@ class LLMEngine:
         return self._update(scheduler_output, pending.result())
 
     def _update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self.beams.end_failed(self.scheduler.update_from_output(scheduler_output, runner_output))
         if runner_output.beam_candidates:
             outputs += self.beams.update(runner_output.beam_candidates)
         return outputs

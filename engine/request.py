@@ -43,6 +43,7 @@ class Request:
         hold_kv: bool = False,
         block_extra_keys: tuple[str, ...] | None = None,
         mm_features: tuple[ImageFeature, ...] = (),
+        recomputable: bool = True,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = prompt_token_ids
@@ -70,6 +71,9 @@ class Request:
         self.blocks_replaced = False
         # NOTE: the prompt's images (a vision-language model's); their placeholders' embeddings come from the encoder.
         self.mm_features = mm_features
+        # NOTE: False for a prompt whose KV cannot be computed here (a decode pod's image prompt: its images stayed on
+        # the prefill pod): the scheduler never preempts it by recompute, only by swap, else ends it.
+        self.recomputable = recomputable
 
     @property
     def num_tokens(self) -> int:
@@ -107,10 +111,19 @@ class Request:
         first_token_id: int,
         params: SamplingParams,
         eos_token_ids: tuple[int, ...],
+        block_extra_keys: tuple[str, ...] | None = None,
+        recomputable: bool = True,
     ) -> Request:
         """A request whose prompt KV is already in its blocks (received from a prefill pod) and whose
         first token was sampled there; it continues from token 2."""
-        request = cls(req_id, prompt_token_ids, params, eos_token_ids)
+        request = cls(
+            req_id,
+            prompt_token_ids,
+            params,
+            eos_token_ids,
+            block_extra_keys=block_extra_keys,
+            recomputable=recomputable,
+        )
         request.append_output_token(first_token_id)
         request.num_computed_tokens = len(prompt_token_ids)
         return request

@@ -5,6 +5,12 @@ waiting ones are admitted while the token budget, `max_num_seqs` and free KV blo
 request cannot get a block, the lowest-priority running request (the newest under fcfs) is preempted: its
 blocks are freed and it rejoins the front of the queue to be recomputed, mostly from the prefix cache, or with a
 host tier (`KVSwapper`), a long one's blocks are swapped out to host memory and copied back when it is readmitted.
+A request that cannot be recomputed (a decode pod's image prompt: its images stayed on the prefill pod) is never
+preempted by recompute: later requests are preempted instead, it is swapped out if the host tier takes it, and
+otherwise it ends with a ResourceExhaustedError (`FailedOutput`) so that its router prefills it again elsewhere. NOTE:
+chosen over keeping the image embeddings on the decode pod, which would need a second data path beside the KV and
+would run a prefill of hundreds of image tokens inside the decode batch; the re-prefill runs on a prefill pod, mostly
+from its prefix cache (docs/image_inputs.md).
 
 Async scheduling: step N+1 may be scheduled before step N's sampled tokens are known. Each sampled token counts
 as a placeholder until `update_from_output` delivers it; a request whose last token is a placeholder is scheduled
@@ -23,15 +29,17 @@ import itertools
 import logging
 from collections import deque
 
+from common.errors import ResourceExhaustedError
 from engine.block_pool import KVBlock
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
-from engine.kv_tier.swapper import RECOMPUTE, KVSwapper
+from engine.kv_tier.swapper import RECOMPUTE, SWAP, KVSwapper
 from engine.multimodal.features import overlapping
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import (
     PLACEHOLDER_TOKEN_ID,
     EngineOutput,
+    FailedOutput,
     RunnerOutput,
     ScheduledRequest,
     SchedulerOutput,
@@ -68,6 +76,8 @@ class Scheduler:
         self._step_ids = itertools.count(1)
         # (source, destination) KV blocks to copy before the next step runs (beam search's copy-on-write).
         self.block_copies: list[tuple[int, int]] = []
+        # Ends of requests that could neither be preempted nor go on, until the next `update_from_output`.
+        self._failed: list[EngineOutput] = []
 
     def add_request(self, request: Request) -> None:
         self.requests[request.req_id] = request
@@ -168,12 +178,50 @@ class Scheduler:
     def _allocate_or_preempt(self, request: Request, index: int, num_new: int) -> bool:
         """Blocks for `num_new` more tokens of running[index], preempting later requests if needed."""
         while self.kv.allocate_slots(request.req_id, request.num_computed_tokens + num_new) is None:
-            candidates = self.running[index:]
-            victim = max(candidates, key=_rank) if self.config.policy == "priority" else candidates[-1]
-            self._preempt(victim)
+            victim, can_preempt = self._victim(self.running[index:])
+            if can_preempt:
+                self._preempt(victim)
+            else:
+                self._fail_unrecomputable(victim)
             if victim is request:
                 return False
         return True
+
+    def _victim(self, candidates: list[Request]) -> tuple[Request, bool]:
+        """The request to take out of the batch, and whether it can be preempted (else it must end).
+
+        In preemption order (the lowest priority first; the newest first under fcfs), the first request that either
+        can be recomputed or would be swapped out. NOTE: a request that cannot be recomputed (a decode pod's image
+        prompt, `Request.recomputable`) is passed over, even for one of higher priority: preempting that one costs a
+        recompute here, while ending the image prompt costs a prefill elsewhere (its images' encoding included) and
+        the migration. Only when every candidate is such a request does the first in order end.
+        """
+        order = sorted(candidates, key=_rank, reverse=True) if self.config.policy == "priority" else candidates[::-1]
+        victim = next((r for r in order if self._can_preempt(r)), None)
+        return (order[0], False) if victim is None else (victim, True)
+
+    def _can_preempt(self, request: Request) -> bool:
+        if request.recomputable:
+            return True
+        swapper = self.swapper
+        return swapper is not None and swapper.preemption_mode(request.num_computed_tokens, recomputable=False) == SWAP
+
+    def _fail_unrecomputable(self, request: Request) -> None:
+        """End a request that must leave the batch but cannot be recomputed here: its images are on the prefill pod.
+        It ends with a ResourceExhaustedError, which sends its router to prefill it again, images included, on
+        another pair of pods (the tokens it streamed continue its prompt)."""
+        self.running.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        error = ResourceExhaustedError(
+            f"request {request.req_id} must leave the full KV pool and its prompt's images are not here to recompute "
+            "it: prefill it again"
+        )
+        self._failed.append(
+            FailedOutput(
+                request.req_id, [], [], "abort", None, request.num_prompt_tokens, request.num_cached_tokens or 0, error
+            )
+        )
+        logger.warning("ended request %s: KV pool full, its image prompt cannot be recomputed here", request.req_id)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -257,7 +305,7 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         """Apply a step's sampled tokens to the requests it computed (aborted or finished ones are skipped)."""
-        outputs = []
+        outputs, self._failed = self._failed, []
         requests = self._in_flight.pop(scheduler_output.step_id)
         sampled_token_ids = runner_output.sampled_token_ids
         for scheduled, request in zip(scheduler_output.scheduled, requests, strict=True):

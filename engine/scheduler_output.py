@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.errors import PdserveError
 from common.sampling_params import SamplingParams
 from engine.beam.beam_scorer import Beam, Candidate
 
@@ -112,6 +113,26 @@ class BeamSearchOutput(EngineOutput):
             self.num_prompt_tokens,
             self.num_cached_tokens,
             self.beams,
+        )
+
+
+@dataclass(slots=True)
+class FailedOutput(EngineOutput):
+    """The end of a request the engine could not serve on: `error` says why (finish_reason "abort"). A decode pod's
+    image prompt that had to leave the batch ends so, with a ResourceExhaustedError (see `Scheduler`)."""
+
+    error: PdserveError
+
+    def __reduce__(self) -> tuple[type[EngineOutput], tuple[object, ...]]:
+        return FailedOutput, (
+            self.req_id,
+            self.new_token_ids,
+            self.new_logprobs,
+            self.finish_reason,
+            self.stop_reason,
+            self.num_prompt_tokens,
+            self.num_cached_tokens,
+            self.error,
         )
 
 

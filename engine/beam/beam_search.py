@@ -4,7 +4,8 @@ The life of a beam search request (`BeamSearch` drives it beside the scheduler, 
 1. `add`: its first beam is a request like any other (on a decode pod: over the prompt KV that arrived, with the
    prompt's last token computed again for its logits). It holds beam_width places in the batch, so that the beams it
    forks into never wait for room (`Request.num_seqs`). Its stop_token_ids hold the model's EOS ids too: the runner
-   returns that many more candidates per beam (engine.beam.candidates).
+   returns that many more candidates per beam (engine.beam.candidates). Every beam carries the prompt's images (or,
+   on a decode pod, the mark that it cannot be recomputed: `Request.recomputable`).
 2. Each step the runner returns every computed beam's most likely next tokens instead of a sampled one; once every
    running beam of the request has reported, `BeamScorer.step` picks the next beams.
 3. The beams are reassigned in place: beam k takes the tokens of the beam it extends plus its new token, and that
@@ -13,7 +14,8 @@ The life of a beam search request (`BeamSearch` drives it beside the scheduler, 
    on the device before the next step): only the partial last block is ever copied, and only while shared, so the
    pool never holds two copies of a block nobody writes. The first step forks the one beam into beam_width.
 4. When the scorer is done, every beam request ends (its blocks go back to the pool) and one `BeamSearchOutput`
-   reports the n best beams. An abort ends them the same way.
+   reports the n best beams. An abort ends them the same way; so does a beam that can be neither recomputed nor kept
+   (the scheduler's `FailedOutput`, or no block for its copy on write), with one `FailedOutput` for the request.
 Beams are scheduled only once their previous step's candidates are in (no async overlap for them: LLMEngine.step).
 """
 
@@ -22,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from common.errors import PdserveError, ResourceExhaustedError
 from engine.beam.beam_scorer import BeamScorer, Candidate, Continuation
 from engine.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from engine.request import Request
 from engine.scheduler import Scheduler
-from engine.scheduler_output import BeamSearchOutput, EngineOutput, FinishedBeam
+from engine.scheduler_output import BeamSearchOutput, EngineOutput, FailedOutput, FinishedBeam
 
 
 @dataclass(slots=True)
@@ -63,6 +66,8 @@ class BeamSearch:
             dataclasses.replace(params, stop_token_ids=stop_ids, ignore_eos=True),
             arrival_time=request.arrival_time,
             block_extra_keys=request.block_extra_keys,
+            mm_features=request.mm_features,
+            recomputable=request.recomputable,
         )
         first.num_seqs = params.beam_width
         scorer = BeamScorer(
@@ -105,7 +110,12 @@ class BeamSearch:
             return [self._finish(group)]
         if len(group.beams) < len(continuations):
             self._add_beams(group, len(continuations))
-        self._reassign(group, continuations)
+        if not self._reassign(group, continuations):
+            error = ResourceExhaustedError(
+                f"beam search request {group.req_id}: no KV block for a beam's copy, and its prompt's images are not "
+                "here to recompute it: prefill it again"
+            )
+            return [self._fail(group, error)]
         return []
 
     def _add_beams(self, group: _Group, width: int) -> None:
@@ -118,14 +128,17 @@ class BeamSearch:
                 first.sampling_params,
                 arrival_time=first.arrival_time,
                 block_extra_keys=first.block_extra_keys,
+                mm_features=first.mm_features,
+                recomputable=first.recomputable,
             )
             beam.num_cached_tokens = first.num_cached_tokens
             self.scheduler.add_running(beam, after=group.beams[-1])
             group.beams.append(beam)
             self._group_of_beam[beam.req_id] = group
 
-    def _reassign(self, group: _Group, continuations: list[Continuation]) -> None:
-        """Beam k continues the beam `continuations[k].parent` was: its tokens and blocks, then its own token."""
+    def _reassign(self, group: _Group, continuations: list[Continuation]) -> bool:
+        """Beam k continues the beam `continuations[k].parent` was: its tokens and blocks, then its own token. False
+        when a beam that cannot be recomputed finds no block for its copy (the request must end)."""
         beams = group.beams
         num_computed = [beams[c.parent].num_computed_tokens for c in continuations]
         self.kv.fork({beams[k].req_id: beams[c.parent].req_id for k, c in enumerate(continuations)})
@@ -137,12 +150,35 @@ class BeamSearch:
             try:
                 copy = self.kv.copy_on_write(beam.req_id, computed)
             except NoFreeBlocksError:
+                if not beam.recomputable:
+                    return False
                 # NOTE: recomputed from its first token instead (the scheduler preempts others for its blocks).
                 self.kv.free(beam.req_id)
                 beam.num_computed_tokens = 0
                 continue
             if copy is not None:
                 self.scheduler.block_copies.append(copy)
+        return True
+
+    def end_failed(self, outputs: list[EngineOutput]) -> list[EngineOutput]:
+        """`outputs` with each beam's `FailedOutput` (a beam the scheduler could neither preempt nor keep) replaced by
+        its request's: the request's other beams end too."""
+        if not self._groups:
+            return outputs
+        kept: list[EngineOutput] = []
+        ended_beam_ids: set[str] = set()
+        for output in outputs:
+            group = self._group_of_beam.get(output.req_id)
+            if isinstance(output, FailedOutput) and group is not None:
+                ended_beam_ids.update(beam.req_id for beam in group.beams)
+                kept.append(self._fail(group, output.error))
+            elif output.req_id not in ended_beam_ids:
+                kept.append(output)
+        return kept
+
+    def _fail(self, group: _Group, error: PdserveError) -> FailedOutput:
+        self._end(group)
+        return FailedOutput(group.req_id, [], [], "abort", None, len(group.prompt_token_ids), 0, error)
 
     def _finish(self, group: _Group) -> BeamSearchOutput:
         self._end(group)

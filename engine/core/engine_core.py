@@ -30,6 +30,7 @@ from engine.core.decode_kv import DecodeKV
 from engine.core.outputs import CoreOutputs, EngineLoad, ErrorInfo, RequestFailed
 from engine.core.prefill_kv import PrefillKV
 from engine.llm_engine import LLMEngine
+from engine.scheduler_output import FailedOutput
 from kv_transfer.base import KVReceiver, KVSender
 
 KVSide = DecodeKV | PrefillKV
@@ -116,7 +117,12 @@ class EngineCore:
         if self.engine.has_unfinished_requests():
             out.step_started_ns = time.time_ns()
             self._time_step(out.step_started_ns)
-            out.outputs.extend(self.engine.step())
+            outputs = self.engine.step()
+            failed = [o for o in outputs if isinstance(o, FailedOutput)]
+            if failed:
+                out.failures += [RequestFailed(o.req_id, ErrorInfo.of(o.error)) for o in failed]
+                outputs = [o for o in outputs if not isinstance(o, FailedOutput)]
+            out.outputs.extend(outputs)
             if isinstance(kv, PrefillKV):
                 kv.after_step(out)
             else:

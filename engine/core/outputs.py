@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import InvalidArgumentError, PdserveError
+from common.errors import InvalidArgumentError, PdserveError, ResourceExhaustedError
 from common.kv_cache_events import KVCacheEvent
 from engine.core.commands import KVReserved
 from engine.scheduler_output import EngineOutput
@@ -25,11 +25,13 @@ from kv_transfer.state import TransferError, TransferState, error_from_code
 
 @dataclass(slots=True, frozen=True)
 class ErrorInfo:
-    """A pdserve error as plain values: an InvalidArgumentError (`field` set) or a KV TransferError (`code`)."""
+    """A pdserve error as plain values: an InvalidArgumentError (`field` set), a KV TransferError (`code`), a
+    ResourceExhaustedError (`exhausted`: a decode pod's request that had to leave its full KV pool)."""
 
     message: str
     field: str | None = None
     code: str | None = None
+    exhausted: bool = False
 
     @classmethod
     def of(cls, error: PdserveError) -> ErrorInfo:
@@ -37,13 +39,15 @@ class ErrorInfo:
             return cls(error.description, field=error.field)
         if isinstance(error, TransferError):
             return cls(str(error), code=error.code)
-        return cls(str(error))
+        return cls(str(error), exhausted=isinstance(error, ResourceExhaustedError))
 
     def to_error(self) -> PdserveError:
         if self.field is not None:
             return InvalidArgumentError(self.field, self.message)
         if self.code is not None:
             return error_from_code(self.code, self.message)
+        if self.exhausted:
+            return ResourceExhaustedError(self.message)
         return PdserveError(self.message)
 
 

@@ -4,6 +4,8 @@ The lifecycle, as the scheduler drives it:
 1. `swap_out(request)` when the request is preempted, before its blocks are freed: if the request has at least
    `swap_min_tokens` computed tokens and the host tier has room, its blocks covering them are copied to host slots
    it owns (`preemption_mode` tells which mode a request gets). Otherwise it is recomputed, as without a host tier.
+   A request that cannot be recomputed (a decode pod's image prompt) is swapped whatever its length, if there is room;
+   the scheduler never preempts it otherwise.
 2. `computed_blocks(request)` when the scheduler tries to admit it again: the leading blocks still cached on the
    device (they need no copy) and the number of tokens whose KV it will have, the swapped ones included.
 3. `swap_in(req_id)` once its blocks are allocated: the swapped blocks past the device hits are copied back into
@@ -51,17 +53,17 @@ class KVSwapper:
         self.num_swapped_out = 0
         self.num_swapped_in = 0
 
-    def preemption_mode(self, num_computed_tokens: int) -> str:
-        """SWAP for a request with this many computed tokens if it is long enough and the host tier has room, else
-        RECOMPUTE."""
-        if num_computed_tokens < self.swap_min_tokens:
+    def preemption_mode(self, num_computed_tokens: int, recomputable: bool = True) -> str:
+        """SWAP for a request with this many computed tokens if it is long enough (or cannot be recomputed at all:
+        `Request.recomputable`) and the host tier has room, else RECOMPUTE."""
+        if recomputable and num_computed_tokens < self.swap_min_tokens:
             return RECOMPUTE
         return SWAP if self.host.can_allocate(self._num_blocks(num_computed_tokens)) else RECOMPUTE
 
     def swap_out(self, request: Request) -> str:
         """Copy the preempted request's computed blocks to the host if swapping is its mode; the mode it got."""
         num_tokens = request.num_computed_tokens
-        if self.preemption_mode(num_tokens) == RECOMPUTE:
+        if self.preemption_mode(num_tokens, request.recomputable) == RECOMPUTE:
             return RECOMPUTE
         slots = self.host.allocate(self._num_blocks(num_tokens))
         assert slots is not None, "preemption_mode checked the room"
@@ -74,7 +76,7 @@ class KVSwapper:
         """The request's device prefix hits and its tokens with KV once admitted (swapped ones included); for a
         request not swapped out, the prefix cache's answer."""
         hits, num_hit_tokens = self.kv.get_computed_blocks(
-            request.req_id, request.all_token_ids, request.block_extra_keys
+            request.req_id, request.block_token_ids, request.block_extra_keys
         )
         swapped = self.swapped.get(request.req_id)
         if swapped is None:

@@ -15,7 +15,8 @@ A pod call failing in a way another pair of pods could fix raises `LegFailed`, n
 is unavailable (gone, draining, its keepalive lapsed) or its call failed (`router.pods.pod_errors.PodCallFailed`: a KV
 transfer or reservation that ended, e.g. its lease lapsed, which from the Prefill stream blames the decode pod,
 whose receiver stopped answering; or the peer went away mid-call). A decode pod out of KV blocks raises
-`DecodePodFull`. Anything else (bad input, overload, the client's deadline) propagates as it is.
+`DecodePodFull`; one that ends the request mid-decode for want of KV blocks (RESOURCE_EXHAUSTED on its stream)
+raises `DecodeLegEnded`. Anything else (bad input, overload, the client's deadline) propagates as it is.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class LegFailed(Exception):
 
 class DecodePodFull(Exception):
     """A decode pod's Reserve found no free KV blocks: try another decode pod."""
+
+
+class DecodeLegEnded(DecodePodFull):
+    """A decode pod ended the request mid-decode with RESOURCE_EXHAUSTED: its KV pool was full and the request could
+    not wait there (an image prompt, which only its prefill pod can compute: `engine.scheduler`). Another leg
+    prefills again, images included, and decodes on another pod; unlike a full Reserve, it costs a prefill."""
 
 
 @contextlib.contextmanager
@@ -177,6 +184,8 @@ class CompletionLeg:
             # NOTE: blamed_on's classification, without a context manager's generator per step.
             with blamed_on(self.decode_pod.pod_id):
                 raise
+        except ResourceExhaustedError as exc:
+            raise DecodeLegEnded(str(exc)) from exc
 
     def finished(self) -> None:
         """The completion ended on this leg's Decode (a finish reason, or a stop string the router matched): the pod

@@ -11,6 +11,8 @@
    emitted so far is the new prompt and max_tokens shrinks by them. The client sees one stream: the emitted token
    ids and the detokenizer carry over, so no token is repeated or lost. `max_attempts` failed legs, or an empty
    router-wide retry budget, end the completion UNAVAILABLE with a RetryInfo.
+   A decode pod that ends a request mid-decode for want of KV blocks (`DecodeLegEnded`: an image prompt it could
+   neither keep nor recompute) costs an attempt and a retry like a failed leg, but is skipped as full, not suspect.
    A decode pod out of KV blocks (`DecodePodFull`) is skipped at no cost to the budgets; when every decode pod
    is, the completion waits in the router's queue (`RouterAdmission.wait_for_room`, in its call's arrival order) until
    one may have room (the pods were read again, or a call ended, and the router's view shows free blocks for the
@@ -40,7 +42,7 @@ from common.telemetry import (
     PDSERVE_ROUTE_ATTEMPT,
 )
 from router.admission.wait_queue import WaitTimedOut
-from router.completion.completion_leg import CompletionLeg, DecodePodFull, LegFailed
+from router.completion.completion_leg import CompletionLeg, DecodeLegEnded, DecodePodFull, LegFailed
 from router.completion.migration import BACKOFF_MAX_S, LegInput, backoff_s, next_leg
 from router.completion.run_context import PromptPlan, RunContext
 from router.outputs import CompletionChunk, CompletionMetrics, DecodeStep, FirstToken, TransferDone
@@ -105,6 +107,8 @@ class CompletionRun:
                         chunk = await self._next_chunk(leg)
                         yield chunk
                 return
+            except DecodeLegEnded as ended:
+                await self._after_failure(leg, ended)
             except DecodePodFull:
                 self._skip_full_decode_pod(leg.decode_pod.pod_id)
             except LegFailed as failure:
@@ -188,13 +192,18 @@ class CompletionRun:
             kv_transfer_duration_s=0.0 if done is None else done.duration_s,
         )
 
-    async def _after_failure(self, leg: CompletionLeg, failure: LegFailed) -> None:
-        """Mark the blamed pod, then wait out the backoff; raises UnavailableError once a budget is spent."""
+    async def _after_failure(self, leg: CompletionLeg, failure: LegFailed | DecodeLegEnded) -> None:
+        """Mark the blamed pod (a failed leg's) or skip the full decode pod (a leg it ended), then wait out the
+        backoff; raises UnavailableError once a budget is spent."""
         progress = self._progress
         progress.num_failures += 1
-        self._ctx.pods.report_unavailable(failure.pod_id)
-        role: PodRole = "decode" if failure.pod_id == leg.decode_pod.pod_id else "prefill"
-        progress.skipped[role].add(failure.pod_id)
+        if isinstance(failure, DecodeLegEnded):
+            progress.skipped["decode"].add(leg.decode_pod.pod_id)
+            progress.full.add(leg.decode_pod.pod_id)
+        else:
+            self._ctx.pods.report_unavailable(failure.pod_id)
+            role: PodRole = "decode" if failure.pod_id == leg.decode_pod.pod_id else "prefill"
+            progress.skipped[role].add(failure.pod_id)
         logger.warning(
             "request %s: attempt %d failed after %d tokens: %s",
             self._request_id,

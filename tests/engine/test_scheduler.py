@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from common.errors import ResourceExhaustedError
 from common.sampling_params import SamplingParams
 from engine.config import CPU_CHUNK_TOKENS, SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler import Scheduler
-from engine.scheduler_output import PLACEHOLDER_TOKEN_ID, EngineOutput, RunnerOutput, SchedulerOutput
+from engine.scheduler_output import PLACEHOLDER_TOKEN_ID, EngineOutput, FailedOutput, RunnerOutput, SchedulerOutput
 
 BLOCK = 4
 
@@ -200,3 +201,27 @@ def test_a_cpu_scheduler_chunks_prompts_unless_a_chunk_size_is_set() -> None:
     assert SchedulerConfig().for_device("cpu").chunk_size == CPU_CHUNK_TOKENS == 256
     assert SchedulerConfig().for_device("cuda").chunk_size == 8192
     assert SchedulerConfig(long_prefill_token_threshold=1024).for_device("cpu").chunk_size == 1024
+
+
+def test_requests_that_cannot_be_recomputed_are_passed_over_then_ended() -> None:
+    # A decode pod's view (priority policy): three prefilled requests of 2 blocks each fill the 6 blocks; the image
+    # prompts (not recomputable) sit at both ends of the priority order.
+    s = make_scheduler(num_blocks=6, policy="priority")
+    for req_id, priority, recomputable in (("img_hi", 0, False), ("text", 1, True), ("img_lo", 2, False)):
+        assert len(s.kv.allocate_slots(req_id, 7) or []) == 2
+        params = SamplingParams(max_tokens=10, priority=priority)
+        s.add_request(Request.prefilled(req_id, list(range(7)), 42, params, (), recomputable=recomputable))
+    out, _ = step(s)
+    assert shape(out) == [("img_hi", 7, 1, True), ("text", 7, 1, True), ("img_lo", 7, 1, True)]
+    out, _ = step(s)  # img_hi needs a 3rd block: img_lo comes first in preemption order but is passed over
+    assert shape(out) == [("img_hi", 8, 1, True), ("img_lo", 8, 1, True)]
+    assert (s.num_preemptions, s.requests["text"].status) == (1, RequestStatus.PREEMPTED)
+    for computed in (9, 10, 11):
+        out, _ = step(s)
+        assert shape(out) == [("img_hi", computed, 1, True), ("img_lo", computed, 1, True)]
+    out, outputs = step(s)  # img_hi needs a 4th block and only image prompts run: img_lo ends, no recompute
+    # ... and the text request comes back in its place, its 8 computed tokens found in the prefix cache
+    assert shape(out) == [("img_hi", 12, 1, True), ("text", 8, 1, True)]
+    (failed,) = [o for o in outputs if isinstance(o, FailedOutput)]
+    assert (failed.req_id, failed.finish_reason, type(failed.error)) == ("img_lo", "abort", ResourceExhaustedError)
+    assert s.num_preemptions == 1 and "img_lo" not in s.requests

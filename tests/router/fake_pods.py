@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.block_hash import BlockHash
 from common.errors import UnavailableError
-from common.grpc.errors import ErrorInterceptor, abort_with
+from common.grpc.errors import ErrorInterceptor, abort_with, rich_status
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import (
     decode_pb2,
@@ -136,6 +136,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     fail_after_steps: int | None = None
     """A request streams that many steps, then the whole DecodeStream fails with `fail` (the pod dying)."""
     fail: Exception = field(default_factory=lambda: UnavailableError("Socket closed"))
+    end_after_steps: int | None = None
+    """A request streams that many steps, then ends with `end_error` (its own DecodeEnd; the stream goes on)."""
+    end_error: Exception | None = None
     decode_gate: asyncio.Event | None = None
     """A request waits (bounded) for it before streaming; `gate_results` records whether it was set in time."""
     reserves: list[decode_pb2.ReserveRequest] = field(default_factory=list)
@@ -201,6 +204,11 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
                 if index == self.fail_after_steps:
                     ended = True
                     outbox.put_nowait(self.fail)
+                    return
+                if index == self.end_after_steps and self.end_error is not None:
+                    ended = True
+                    end = decode_pb2.DecodeEnd(key=start.key, error=rich_status(self.end_error, {}))
+                    outbox.put_nowait(decode_pb2.DecodeStreamResponse(ends=[end]))
                     return
                 if self.step_delay_s:
                     await asyncio.sleep(self.step_delay_s)

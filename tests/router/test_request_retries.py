@@ -127,6 +127,65 @@ async def test_a_decode_pod_dying_mid_stream_migrates_the_stream_to_another(
     )
 
 
+KV_POOL_FULL = ResourceExhaustedError("request must leave the full KV pool, its images are not here: prefill it again")
+
+
+async def test_a_decode_pod_ending_a_request_for_want_of_kv_migrates_it_and_stays_in_use(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    """A decode pod that ends a request with RESOURCE_EXHAUSTED (an image prompt it could neither keep nor
+    recompute): the request is prefilled again with what it streamed and decodes on another pod; the full pod is
+    not suspect."""
+    num_tokens = len(output_ids)
+    full = FakeDecode("decode-a", decode_steps(output_ids[1:]), end_after_steps=3, end_error=KV_POOL_FULL)
+    roomy = FakeDecode("decode-b", decode_steps(output_ids[5:]))
+    prefill = FakePrefill(first_token_id=output_ids[0], later_first_token_ids=[output_ids[4]])
+    decodes = {"decode-a": full, "decode-b": roomy}
+    async with router_over({"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model) as router:
+        responses = await collect(router.stub.Generate(generate_request(max_tokens=num_tokens)))
+        assert [pod.pod_id for pod in router.pods.pods("decode")] == ["decode-a", "decode-b"]
+    assert [t for r in responses for t in r.token_ids] == output_ids
+    assert "".join(r.text for r in responses) == TEXT
+    last = responses[-1]
+    assert (last.finish_reason, last.metrics.decode_pod_id, last.metrics.num_attempts) == (
+        sampling_pb2.FINISH_REASON_LENGTH,
+        "decode-b",
+        2,
+    )
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [PROMPT, PROMPT + output_ids[:4]]
+    assert [r.sampling_params.max_tokens for r in prefill.requests] == [num_tokens, num_tokens - 4]
+    assert [(r.num_prompt_tokens, r.max_tokens) for r in roomy.reserves] == [(44, num_tokens - 4)]
+
+
+async def test_requests_ended_for_want_of_kv_spend_the_attempts(
+    tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
+) -> None:
+    """Each such end costs a prefill: it counts as a failed attempt, so pods that keep ending the request cannot
+    loop it forever (max_attempts 3)."""
+    decodes = {
+        f"decode-{name}": FakeDecode(
+            f"decode-{name}", decode_steps(output_ids[k : k + 2]), end_after_steps=1, end_error=KV_POOL_FULL
+        )
+        for name, k in (("a", 1), ("b", 3), ("c", 5))
+    }
+    prefill = FakePrefill(first_token_id=output_ids[0], later_first_token_ids=[output_ids[2], output_ids[4]])
+    async with router_over({"prefill-0": prefill}, decodes, tokenizer_pool, tokenizer, model) as router:
+        call = router.stub.Generate(generate_request(max_tokens=len(output_ids)))
+        streamed = []
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            while (response := await call.read()) is not grpc.aio.EOF:
+                streamed.extend(response.token_ids)
+        assert len(router.pods.pods("decode")) == 3
+    assert streamed == output_ids[:6]
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [
+        PROMPT,
+        PROMPT + output_ids[:2],
+        PROMPT + output_ids[:4],
+    ]
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "3 attempts failed, the last: Decode on pod decode-c: request must leave" in (info.value.details() or "")
+
+
 async def test_an_empty_router_retry_budget_ends_a_failed_stream_unavailable_with_its_refill_time(
     tokenizer_pool: TokenizerPool, tokenizer: PreTrainedTokenizerBase, model: ModelInfo, output_ids: list[int]
 ) -> None:
