@@ -62,6 +62,8 @@ class LocalCluster:
         self.pods: dict[str, ServiceProcess] = {}
         """Running pods by pod id, in start order."""
         self.draining: dict[str, ServiceProcess] = {}
+        self.drained_exits: dict[str, int] = {}
+        """The exit code of every drained pod reaped so far, by pod id."""
         """Pods `drain_pod` sent SIGTERM that have not exited yet (no longer in `pods`)."""
         self._stopped = False
         self._next_index: dict[PodRole, int] = {"prefill": 0, "decode": 0}
@@ -130,11 +132,14 @@ class LocalCluster:
         return process
 
     def reap_drained(self) -> dict[str, int]:
-        """Forget the draining pods that have exited; their exit codes by pod id."""
+        """Forget the draining pods that have exited (their codes stay in `drained_exits`); their exit codes by pod
+        id."""
         exited = {name: code for name, p in list(self.draining.items()) if (code := p.returncode) is not None}
-        for name in exited:
+        for name, code in exited.items():
             del self.draining[name]
             self._gpus.release(name)
+            logger.info("%s (drained) exited with code %s", name, code)
+        self.drained_exits.update(exited)
         return exited
 
     def wait_for_free_gpu(self, timeout_s: float) -> bool:
@@ -212,6 +217,7 @@ class LocalCluster:
         for process in draining:
             code = process.wait_or_kill(self.config.stop_timeout_s)
             logger.info("%s (drained) exited with code %s", process.name, code)
+            self.drained_exits[process.name] = code
         if self.redis is not None:
             self.redis.stop()
 
