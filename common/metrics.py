@@ -158,6 +158,9 @@ class ServiceMetrics:
         self._prefix_hits = self._counter("prefix_cache_hits", "Prefix cache hits, in tokens.")
         self._preemptions = self._counter("num_preemptions", "Requests preempted (recomputed later).")
         self._success = self._counter("request_success", "Finished requests by finish reason.", "finished_reason")
+        self._success_by_reason: dict[str, Counter] = {}
+        """The role's child of `_success` per finish reason, looked up once (a labels() call costs a lock and a
+        tuple of label values on every finished request)."""
 
     def _register_disaggregation_metrics(self) -> None:
         """pdserve's own: KV transfer, prefix directory and router."""
@@ -227,7 +230,10 @@ class ServiceMetrics:
     ) -> None:
         """A request ended ("stop", "length", "abort"): its latencies; the phases this role saw (None: not seen).
         With `decode_s` and more than one output token, time per output token = decode_s / (tokens - 1)."""
-        self._success.labels(self.role, finish_reason).inc()
+        success = self._success_by_reason.get(finish_reason)
+        if success is None:
+            success = self._success_by_reason[finish_reason] = self._success.labels(self.role, finish_reason)
+        success.inc()
         self._e2e.observe(e2e_s)
         for histogram, seconds in ((self._queue_time, queue_s), (self._prefill_time, prefill_s)):
             if seconds is not None:

@@ -118,6 +118,10 @@ def retry_delay_s(error: grpc.aio.AioRpcError | grpc.Call | status_pb2.Status) -
 _Behavior = Callable[..., Any]
 
 
+_MAX_WRAPPED_HANDLERS = 256
+"""Method handlers whose wrapped handler ErrorInterceptor keeps (far more than any server's methods)."""
+
+
 class ErrorInterceptor(HandlerInterceptor):
     """Server interceptor that reports whatever an async unary, server-streaming or bidirectional-streaming handler
     raises through `abort_with`, so servicers simply raise. A unary request message that does not parse reaches no
@@ -129,10 +133,22 @@ class ErrorInterceptor(HandlerInterceptor):
     ) -> None:
         self._field_paths = field_paths
         self._retry_delay_s = retry_delay_s
+        self._wrapped: dict[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]] = {}
+        """Each method handler's wrapped one, built on its first call. NOTE: servers look their handlers up in
+        fixed tables (one handler object per method), so this holds one entry per method; an interceptor placed
+        before this one may build a handler per call, hence the bound."""
 
     def intercept_handler(
         self, handler: grpc.RpcMethodHandler[Any, Any], handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any]:
+        wrapped = self._wrapped.get(handler)
+        if wrapped is None:
+            wrapped = self._wrap_handler(handler)
+            if len(self._wrapped) < _MAX_WRAPPED_HANDLERS:
+                self._wrapped[handler] = wrapped
+        return wrapped
+
+    def _wrap_handler(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         deserializer = tolerant_deserializer(handler.request_deserializer)
         if handler.request_streaming:
             if not (handler.response_streaming and inspect.isasyncgenfunction(handler.stream_stream)):

@@ -44,7 +44,9 @@ def next_leg(prompt_token_ids: Sequence[int], emitted: Sequence[int], params: Sa
     remaining = params.max_tokens - len(emitted)
     if remaining <= 0:
         return None
-    return LegInput([*prompt_token_ids, *emitted], dataclasses.replace(params, max_tokens=remaining))
+    # NOTE: a first leg asks for all of max_tokens: its params are the completion's own (no copy).
+    leg_params = params if remaining == params.max_tokens else dataclasses.replace(params, max_tokens=remaining)
+    return LegInput([*prompt_token_ids, *emitted], leg_params)
 
 
 def backoff_s(num_failures: int, rng: random.Random) -> float:

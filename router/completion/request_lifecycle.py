@@ -275,7 +275,11 @@ def _prompt_field(request: GenerateInput) -> str:
 
 
 def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
-    return dataclasses.replace(params, n=1, best_of=None, seed=completion_seed(params.seed, index))
+    seed = completion_seed(params.seed, index)
+    # NOTE: a lone completion's params are most calls' own: no copy (and no second validation) of them.
+    if params.n == 1 and params.best_of is None and seed == params.seed:
+        return params
+    return dataclasses.replace(params, n=1, best_of=None, seed=seed)
 
 
 def _merged(runs: list[AsyncGenerator[CompletionChunk, None]]) -> AsyncGenerator[CompletionChunk, None]:
