@@ -50,8 +50,12 @@ class AutoscalerConfig:
     prefill_queue_low_s: float = field(
         default=0.25, metadata=doc("prefill: seconds of queued uncached prompt tokens per pod to scale in")
     )
-    decode_kv_high: float = field(default=0.8, metadata=doc("decode: fraction of KV blocks in use to scale out"))
-    decode_kv_low: float = field(default=0.4, metadata=doc("decode: fraction of KV blocks in use to scale in"))
+    decode_kv_high: float = field(
+        default=0.8, metadata=doc("decode: fraction of KV blocks held by admitted requests to scale out")
+    )
+    decode_kv_low: float = field(
+        default=0.4, metadata=doc("decode: fraction of KV blocks held by admitted requests to scale in")
+    )
     decode_requests_high: float = field(
         default=192.0, metadata=doc("decode: requests (running + waiting) per pod to scale out")
     )

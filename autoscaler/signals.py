@@ -3,9 +3,16 @@ threshold.
 
 - prefill: waiting requests per pod (always); seconds of queued uncached prompt tokens per pod at
   `prefill_tokens_per_s` (only when every active prefill pod reports `queued_prompt_tokens`).
-- decode: fraction of KV blocks in use over all active pods; requests (running + waiting) per pod; with
-  `decode_tpot_slo_ms`, the pods' mean time per step as a fraction of that SLO (its N-1 value assumes the lost pod's
-  share of the batch lengthens the others' steps in proportion).
+- decode: fraction of KV blocks held by admitted requests over all active pods; requests (running + waiting) per
+  pod; with `decode_tpot_slo_ms`, the pods' mean time per step as a fraction of that SLO (its N-1 value assumes the
+  lost pod's share of the batch lengthens the others' steps in proportion).
+
+The decode KV measure leaves out the blocks a decode pod holds for reservations not admitted yet
+(`num_reserved_blocks`): the router reserves them before the prefill pod starts the prompt, so while prefill is
+behind they pile up on decode, and counting them would give decode pods for prefill's backlog (and, on a fixed set of
+GPUs, take prefill's). They feed no prefill measure either: each is a request that a prefill pod already counts
+(waiting, or in its queued prompt tokens) until its first token, and after that its KV is on the wire, which is no
+prefill work: adding them would count prefill's backlog twice.
 """
 
 from __future__ import annotations
@@ -85,8 +92,8 @@ def _prefill_signals(pods: tuple[PodSnapshot, ...], config: AutoscalerConfig) ->
 
 def _decode_signals(pods: tuple[PodSnapshot, ...], config: AutoscalerConfig) -> tuple[Signal, ...]:
     kv = Signal(
-        "KV blocks in use",
-        float(sum(p.num_used_blocks for p in pods)),
+        "admitted KV blocks",
+        float(sum(p.num_admitted_blocks for p in pods)),
         tuple(float(p.num_total_blocks) for p in pods),
         config.decode_kv_high,
         config.decode_kv_low,

@@ -21,6 +21,8 @@ class PodSnapshot:
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    num_reserved_blocks: int = 0
+    """Decode: of the blocks not free, those reserved for requests not admitted yet (0 where not reported)."""
     queued_prompt_tokens: int | None = None
     """Prefill: prompt tokens not yet computed; None where the pod does not report them."""
     step_ms: float = 0.0
@@ -34,6 +36,7 @@ class PodSnapshot:
             "num_waiting",
             "num_free_blocks",
             "num_total_blocks",
+            "num_reserved_blocks",
             "queued_prompt_tokens",
             "step_ms",
         ):
@@ -52,13 +55,15 @@ class PodSnapshot:
             num_waiting=info.num_waiting,
             num_free_blocks=info.num_free_blocks,
             num_total_blocks=info.num_total_blocks,
+            num_reserved_blocks=info.num_reserved_blocks,
             queued_prompt_tokens=info.queued_prompt_tokens,
             step_ms=info.step_ms,
         )
 
     @property
-    def num_used_blocks(self) -> int:
-        return max(0, self.num_total_blocks - self.num_free_blocks)
+    def num_admitted_blocks(self) -> int:
+        """Blocks held by admitted (waiting or running) requests: the blocks not free, less the reserved ones."""
+        return max(0, self.num_total_blocks - self.num_free_blocks - self.num_reserved_blocks)
 
 
 @dataclass(slots=True, frozen=True)

@@ -56,6 +56,9 @@ class PodInfo:
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    num_reserved_blocks: int = 0
+    """Decode pods: of the blocks not free, those reserved for requests not admitted yet (their prompt KV not yet
+    computed or not yet arrived); an entry without it (a pod of an older version) reads as 0."""
     queued_prompt_tokens: int | None = None
     """Prefill pods: prompt tokens not yet computed (waiting and running requests); None where not reported."""
     step_ms: float = 0.0

@@ -182,6 +182,7 @@ class PodRuntime:
             num_waiting=load.num_waiting,
             num_free_blocks=load.num_free_blocks,
             num_total_blocks=load.num_total_blocks,
+            num_reserved_blocks=load.num_reserved_blocks,
             queued_prompt_tokens=load.queued_prompt_tokens,
             step_ms=round(load.step_ms, 3),
             tensor_parallel_size=self._parallel.tensor_parallel_size,

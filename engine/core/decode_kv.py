@@ -7,6 +7,8 @@ Lifecycle of one request (its engine request id is the transfer id):
    once it is DONE (and the reservation holds the prompt's blocks), the core claims it and admits the request with
    its prompt KV computed (claim + admit in one operation, before the next step). A transfer that ends otherwise, or
    that is unknown, fails the request.
+   Until then the reservation's blocks count in `num_reserved_blocks` (the load snapshot's, for the autoscaler):
+   held, but by no admitted request.
 3. A reservation that ends without a claim (lease lapsed, `ReleaseKV`, an abort, a failed transfer) fires the
    receiver's `on_released` hook on its housekeeping thread; the core frees the blocks on its own thread and reports
    `ReservationEnded`.
@@ -50,11 +52,18 @@ class DecodeKV:
         receiver.on_released = lambda req_id, state: notify(ReservationReleased(req_id, state))
         self._claims: dict[str, AddPrefilledRequest] = {}
         """Requests waiting for their transfer to be DONE, in arrival order."""
+        self._reserved: dict[str, int] = {}
+        """Blocks of each reservation whose request is not admitted yet (its KV not computed or not arrived)."""
 
     @property
     def waiting(self) -> bool:
         """Whether requests wait for their transfers (the core polls them then, even with nothing to step)."""
         return bool(self._claims)
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks held by reservations whose request is not admitted yet: in use, but by no running request."""
+        return sum(self._reserved.values())
 
     def reserve(self, command: ReserveKV, out: CoreOutputs) -> None:
         engine = self._engine
@@ -69,6 +78,7 @@ class DecodeKV:
             except BaseException:
                 engine.release_kv(command.req_id)
                 raise
+            self._reserved[command.req_id] = len(block_ids)
         out.replies.append(KVReserved(command.req_id, None if block_ids is None else tuple(block_ids)))
 
     def add_prefilled(self, command: AddPrefilledRequest, out: CoreOutputs) -> None:
@@ -93,6 +103,7 @@ class DecodeKV:
     def abort(self, req_id: str) -> None:
         """The request's reservation ends (if unclaimed) before its blocks are freed, so no chunk lands after."""
         self._claims.pop(req_id, None)
+        self._reserved.pop(req_id, None)
         self.receiver.abort(req_id)
 
     def poll(self, out: CoreOutputs) -> None:
@@ -103,6 +114,8 @@ class DecodeKV:
                 if not state.is_final:
                     continue
                 del self._claims[req_id]
+                # NOTE: admitted below, or failed and freed: either way no longer a reservation.
+                self._reserved.pop(req_id, None)
                 if state is not TransferState.DONE:
                     error = _ENDED_ERRORS.get(state, TransferError)
                     raise error(f"KV transfer {req_id!r} ended {state.value} before all blocks arrived")
@@ -121,6 +134,7 @@ class DecodeKV:
         if isinstance(notice, ReservationReleased):
             # NOTE: the reservation is no request, so abort_requests just releases its blocks.
             self._engine.abort_requests([notice.req_id])
+            self._reserved.pop(notice.req_id, None)
             out.reservations_ended.append(ReservationEnded(notice.req_id, notice.state))
 
     def close(self) -> None:

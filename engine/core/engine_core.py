@@ -151,6 +151,7 @@ class EngineCore:
             num_waiting=scheduler.num_waiting,
             num_free_blocks=kv_cache.num_free_blocks,
             num_total_blocks=engine.info.num_blocks,
+            num_reserved_blocks=self.kv.num_reserved_blocks if isinstance(self.kv, DecodeKV) else 0,
             prefix_cache_queries=kv_cache.stats.queries,
             prefix_cache_hits=kv_cache.stats.hits,
             num_preemptions=scheduler.num_preemptions,

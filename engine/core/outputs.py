@@ -97,6 +97,9 @@ class EngineLoad:
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    num_reserved_blocks: int = 0
+    """Decode cores: of the blocks not free, those held by reservations whose request is not admitted yet (its
+    prompt not yet computed by a prefill pod, or its KV still arriving); 0 elsewhere."""
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0

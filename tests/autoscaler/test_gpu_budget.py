@@ -38,7 +38,7 @@ def test_a_gpu_moves_from_the_idle_role_to_the_loaded_one_once_its_pod_is_gone()
     assert steps(prefills) == [("down", 2, 1), ("hold", 1, 1), ("hold", 1, 1), ("hold", 1, 1), ("hold", 1, 1)]
     assert prefills[0].reason == ("gives its GPU to decode; N-1 fits: waiting requests per pod 0.00 (low 1, high 4)")
     assert steps(decodes) == [("hold", 1, 1), ("hold", 1, 1), ("up", 1, 2), ("hold", 1, 1), ("hold", 2, 2)]
-    assert decodes[0].reason == "no GPU free: KV blocks in use 0.90 > high 0.8"
+    assert decodes[0].reason == "no GPU free: admitted KV blocks 0.90 > high 0.8"
     assert decodes[3].reason == "pending: waiting for 2 pods (now 1) since 20 s"
 
 
@@ -47,7 +47,28 @@ def test_a_role_that_cannot_spare_a_pod_keeps_it() -> None:
     prefills, decodes = run(Planner(ON_3_GPUS), [at(0, prefill(3, 3), decode(90))])
     assert steps(prefills) == [("hold", 2, 2)]
     assert steps(decodes) == [("hold", 1, 1)]
-    assert decodes[0].reason == "no GPU free: KV blocks in use 0.90 > high 0.8"
+    assert decodes[0].reason == "no GPU free: admitted KV blocks 0.90 > high 0.8"
+
+
+def test_decode_kv_full_of_reservations_takes_no_gpu_from_prefill() -> None:
+    # Prefill could spare a pod, but decode's KV is full only of reservations (85 of 90 blocks): decode wants none.
+    prefills, decodes = run(Planner(ON_3_GPUS), [at(0, prefill(1, 1), decode(90, reserved=85))])
+    assert steps(prefills) == [("hold", 2, 2)]
+    assert steps(decodes) == [("hold", 1, 1)]
+    assert decodes[0].reason == (
+        "at min 1: admitted KV blocks 0.05 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
+    )
+
+
+def test_a_prefill_backlog_takes_the_gpu_of_a_decode_pod_holding_its_reservations() -> None:
+    prefills, decodes = run(Planner(ON_3_GPUS), [at(0, prefill(20), decode(90, 90, reserved=85))])
+    assert steps(prefills) == [("hold", 1, 1)]
+    assert prefills[0].reason == "no GPU free: waiting requests per pod 20.00 > high 4"
+    assert steps(decodes) == [("down", 2, 1)]
+    assert decodes[0].reason == (
+        "gives its GPU to prefill; N-1 fits: admitted KV blocks 0.05 (low 0.4, high 0.8);"
+        " requests per pod 0.00 (low 10, high 100)"
+    )
 
 
 def test_without_a_budget_both_roles_grow() -> None:
@@ -70,7 +91,7 @@ def test_the_decode_step_time_against_the_tpot_slo() -> None:
     # Two pods at 6 ms: 0.40 now, 0.80 on one pod (the N-1 check's linear model): not under low, no scale-in.
     _, decodes = run(Planner(config), [at(0, prefill(0), pods(6.0, 6.0))])
     assert decodes[0].reason == (
-        "within thresholds: KV blocks in use 0.50 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100);"
+        "within thresholds: admitted KV blocks 0.50 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100);"
         " time per step / TPOT SLO 0.40 (low 0.4, high 0.8)"
     )
 

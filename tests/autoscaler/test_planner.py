@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from autoscaler.config import AutoscalerConfig
 from autoscaler.metrics import AutoscalerMetrics
 from autoscaler.planner import Decision, Planner
+from autoscaler.signals import role_signals
 from autoscaler.snapshot import ClusterSnapshot, PodSnapshot
 from common.errors import InvalidArgumentError
 from common.pod_registry import PodInfo, PodRole
@@ -33,8 +34,8 @@ CONFIG = AutoscalerConfig(
     decode_requests_high=100.0,
     decode_requests_low=10.0,
 )
-IDLE_DECODE = "at min 1: KV blocks in use 0.00 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
-LOW_DECODE = "KV blocks in use 0.10 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
+IDLE_DECODE = "at min 1: admitted KV blocks 0.00 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
+LOW_DECODE = "admitted KV blocks 0.10 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
 
 Step = tuple[str, int, int]
 """(direction, current, desired) of one decision."""
@@ -49,10 +50,12 @@ def prefill(*waiting: int, tokens: tuple[int | None, ...] = ()) -> tuple[PodSnap
     )
 
 
-def decode(*used: int, total: int = 100) -> tuple[PodSnapshot, ...]:
-    """One decode pod of `total` KV blocks per `used` count."""
+def decode(*used: int, total: int = 100, reserved: int = 0) -> tuple[PodSnapshot, ...]:
+    """One decode pod of `total` KV blocks per `used` count, `reserved` of them held by reservations not admitted."""
     return tuple(
-        PodSnapshot("decode", f"decode-{i}", num_free_blocks=total - u, num_total_blocks=total)
+        PodSnapshot(
+            "decode", f"decode-{i}", num_free_blocks=total - u, num_total_blocks=total, num_reserved_blocks=reserved
+        )
         for i, u in enumerate(used)
     )
 
@@ -103,7 +106,7 @@ def test_a_dip_shorter_than_the_window_holds_and_the_window_restarts_when_the_co
     _, decodes = run(Planner(CONFIG), snapshots)
     assert steps(decodes) == [("hold", 2, 2)] * 6 + [("down", 2, 1)]
     assert decodes[2].reason == (
-        "within thresholds: KV blocks in use 0.50 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
+        "within thresholds: admitted KV blocks 0.50 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
     )
     assert [d.reason.split(":")[0] for d in decodes[3:]] == [
         "low for 0 s of 30 s",
@@ -122,9 +125,9 @@ def test_the_n_minus_one_check_refuses_a_scale_in_and_its_failure_restarts_the_w
     _, decodes = run(Planner(CONFIG), snapshots)
     assert steps(decodes) == [("hold", 2, 2)] * 8 + [("down", 2, 1)]
     assert {d.reason for d in decodes[:5]} == {
-        "N-1 check fails: KV blocks in use would be 1.50 > high 0.8 without one of 2 pods"
+        "N-1 check fails: admitted KV blocks would be 1.50 > high 0.8 without one of 2 pods"
     }
-    assert decodes[8].reason.startswith("low for 30 s and N-1 fits: KV blocks in use 0.08")
+    assert decodes[8].reason.startswith("low for 30 s and N-1 fits: admitted KV blocks 0.08")
 
 
 def test_no_new_change_while_the_previous_one_is_pending() -> None:
@@ -188,6 +191,19 @@ def test_each_role_is_decided_alone() -> None:
     prefills, decodes = run(Planner(CONFIG), snapshots)
     assert steps(prefills) == [("up", 1, 2), ("up", 2, 3)]
     assert steps(decodes) == [("hold", 1, 1), ("hold", 1, 1)]
+
+
+def test_decode_kv_full_of_reservations_waiting_on_prefill_does_not_scale_decode_up() -> None:
+    # Prefill is behind: the reservations of its backlog hold 85 of the 90 blocks in use on each decode pod.
+    prefills, decodes = run(Planner(CONFIG), [at(0, prefill(20), decode(90, 90, reserved=85))])
+    assert steps(prefills) == [("up", 1, 2)]
+    assert steps(decodes) == [("hold", 2, 2)]
+    assert decodes[0].reason == (
+        "low for 0 s of 30 s: admitted KV blocks 0.05 (low 0.4, high 0.8); requests per pod 0.00 (low 10, high 100)"
+    )
+    # The same blocks held by admitted requests scale decode up.
+    _, decodes = run(Planner(CONFIG), [at(0, prefill(20), decode(90, 90))])
+    assert steps(decodes) == [("up", 2, 3)]
 
 
 def test_queued_prompt_tokens_count_when_every_prefill_pod_reports_them() -> None:
@@ -280,6 +296,7 @@ def test_a_snapshot_of_a_registry_entry() -> None:
         num_waiting=3,
         num_free_blocks=4,
         num_total_blocks=10,
+        num_reserved_blocks=5,
         queued_prompt_tokens=7,
         step_ms=12.5,
     )
@@ -291,6 +308,24 @@ def test_a_snapshot_of_a_registry_entry() -> None:
         num_waiting=3,
         num_free_blocks=4,
         num_total_blocks=10,
+        num_reserved_blocks=5,
         queued_prompt_tokens=7,
         step_ms=12.5,
     )
+    assert PodSnapshot.from_pod_info(info).num_admitted_blocks == 1
+
+
+def test_an_entry_of_a_pod_that_does_not_report_reservations_reads_as_none_reserved() -> None:
+    entry = PodInfo("decode-0", "decode", "h:1", "m", 1, num_free_blocks=4, num_total_blocks=10).to_json()
+    older = entry.replace(',"num_reserved_blocks":0', "")
+    assert "num_reserved_blocks" not in older
+    snapshot = PodSnapshot.from_pod_info(PodInfo.from_json(older))
+    assert (snapshot.num_reserved_blocks, snapshot.num_admitted_blocks) == (0, 6)
+
+
+def test_the_decode_kv_measure_leaves_out_reserved_blocks() -> None:
+    # The third pod reports no reservations (an older pod): all its used blocks count.
+    pods = (*decode(90, reserved=60), *decode(50, reserved=50), *decode(3, total=10))
+    (kv, _) = role_signals("decode", pods, CONFIG)
+    assert (kv.demand, kv.capacities) == (33.0, (100.0, 100.0, 10.0))
+    assert kv.value == pytest.approx(33 / 210)

@@ -13,6 +13,7 @@ import grpc.aio
 import pytest
 
 from cli.redis_server import RedisServer
+from common.pod_registry import PodInfo
 from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
@@ -115,14 +116,20 @@ async def test_first_token_that_ends_the_request_skips_the_transfer(
         await pods.wait_until_idle()
 
 
+def _blocks(info: PodInfo) -> tuple[int, int]:
+    """(free, reserved) blocks of a pod's registry entry."""
+    return info.num_free_blocks, info.num_reserved_blocks
+
+
 async def test_unclaimed_reservation_lapses_within_its_lease(tiny_model: Path, redis_server: RedisServer) -> None:
     lease_s = 1.0
     async with running_pods(tiny_model, redis_server.url, decode_flags=["--kv-lease-s", str(lease_s)]) as pods:
         reserve = await pods.reserve(_prompt(40, seed=5), MAX_TOKENS)
         reserved_at = time.monotonic()
         assert reserve.lease.ToTimedelta().total_seconds() == lease_s
-        await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 64 - 3, 1.0)
-        await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and info.num_free_blocks == 64, lease_s + 1)
+        # The registry entry tells the reserved blocks apart from those of admitted requests (the autoscaler's).
+        await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and _blocks(info) == (64 - 3, 3), 1.0)
+        await pods.wait_for_pod(DECODE_ID, lambda info: info is not None and _blocks(info) == (64, 0), lease_s + 1)
         assert time.monotonic() - reserved_at <= lease_s + 1
 
 

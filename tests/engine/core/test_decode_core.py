@@ -94,6 +94,28 @@ def test_claim_and_admit_decodes_what_the_offline_engine_does(core_model: Path) 
         assert pair.prefill.load().num_free_blocks == NUM_BLOCKS
 
 
+def test_the_load_counts_the_blocks_of_reservations_not_admitted(core_model: Path) -> None:
+    with _pair(core_model) as pair:
+        prompt = _prompt(5)
+        block_ids = _reserve(pair.decode, "r", len(prompt))
+        assert block_ids is not None
+        _reserve(pair.decode, "s", 40)
+        _reserve(pair.decode, "a", 17)
+        load = pair.decode.load()
+        assert (load.num_free_blocks, load.num_reserved_blocks) == (NUM_BLOCKS - 8, 8)
+        pair.decode.apply(AbortRequest("a"))
+        assert pair.decode.turn().load.num_reserved_blocks == 6
+        # "r" is admitted: its blocks stay in use but are no longer reserved.
+        first = _prefill(pair, "r", prompt, block_ids)
+        pair.decode.apply(AddPrefilledRequest("r", prompt, first, GREEDY))
+        outputs = drive(pair.decode, lambda outs: bool(tokens_of(outs, "r")))
+        assert (outputs[-1].load.num_free_blocks, outputs[-1].load.num_reserved_blocks) == (NUM_BLOCKS - 6, 3)
+        pair.decode.apply(ReleaseKV("s"))
+        outputs = drive(pair.decode, lambda outs: any(out.reservations_ended for out in outs))
+        assert outputs[-1].load.num_reserved_blocks == 0
+        assert pair.prefill.load().num_reserved_blocks == 0
+
+
 def test_a_full_pool_answers_none_and_reserves_nothing(core_model: Path) -> None:
     with _pair(core_model) as pair:
         assert _reserve(pair.decode, "big", (NUM_BLOCKS - 1) * 16) is not None
@@ -128,7 +150,7 @@ def test_an_unclaimed_reservation_lapses_with_its_lease(core_model: Path) -> Non
         assert [(e.req_id, e.state) for out in outputs for e in out.reservations_ended] == [
             ("r", TransferState.EXPIRED)
         ]
-        assert outputs[-1].load.num_free_blocks == NUM_BLOCKS
+        assert (outputs[-1].load.num_free_blocks, outputs[-1].load.num_reserved_blocks) == (NUM_BLOCKS, 0)
 
 
 def test_claiming_a_transfer_that_ended_fails_the_request(core_model: Path) -> None:
@@ -140,7 +162,7 @@ def test_claiming_a_transfer_that_ended_fails_the_request(core_model: Path) -> N
         outputs = drive(pair.decode, lambda outs: bool(_failures(outs)))
         (failure,) = _failures(outputs)
         assert failure[:2] == ("r", None) and failure[2] in ("aborted", "unknown_transfer")
-        assert pair.decode.load().num_free_blocks == NUM_BLOCKS
+        assert (pair.decode.load().num_free_blocks, pair.decode.load().num_reserved_blocks) == (NUM_BLOCKS, 0)
         assert not pair.decode.busy
 
 
@@ -154,7 +176,7 @@ def test_bad_input_fails_the_request_naming_the_field_and_frees_its_reservation(
         outputs = drive(pair.decode, lambda outs: len(_failures(outs)) == 2)
         assert _failures(outputs) == [("short", "max_tokens", None), ("vocab", "first_token_id", None)]
         outputs = drive(pair.decode, lambda outs: len([e for out in outs for e in out.reservations_ended]) == 2)
-        assert outputs[-1].load.num_free_blocks == NUM_BLOCKS
+        assert (outputs[-1].load.num_free_blocks, outputs[-1].load.num_reserved_blocks) == (NUM_BLOCKS, 0)
 
 
 def test_a_prompt_that_does_not_fit_its_reservation_fails_once_the_transfer_is_done(core_model: Path) -> None:
