@@ -3,15 +3,16 @@
 Its own cluster (1 prefill + 1 decode pod, the router, Redis), every pod with a pool of 16 blocks (256 tokens) and a
 host tier, /metrics on free ports:
 (a) swap on preemption: 4 greedy requests of 45 to 63 prompt + 60 output tokens (7 or 8 blocks each at the end)
-    decoded at once on the decode pod preempt each other; every one swaps (`--swap-min-tokens 16`). Each output
+    decoded at once on the decode pod preempt each other; every preemption swaps (`--swap-min-tokens 16`). Each output
     equals the same request run alone, the decode pod counted swapped-out and swapped-in blocks, and at the end every
     device block and every host slot a swap held is free again. NOTE: the prompts' lengths differ so that the
     requests cross block boundaries at different steps: a victim's last block is then partial, never in the prefix
     cache, and its readmission copies it back from the host.
 (b) host prefix tier: a 100-token prompt's cached blocks, pushed out of the prefill pod's device pool by 3 other
     prompts, are found in its host tier when the prompt comes again: copied back, not recomputed, same output.
-NOTE: soak: a cluster of its own takes a minute or more to start on CI's 2 shared cores; the default run checks the
-same paths in process (tests/engine/kv_tier/, tests/pod/test_front_metrics.py, tests/observability/test_metrics.py).
+NOTE: soak: with a cluster of its own (about 20 s to start) the module takes 40 s to 2 minutes on CI's 2 shared
+cores; the default run checks the same paths in process (tests/engine/kv_tier/, tests/pod/test_front_metrics.py,
+tests/observability/test_metrics.py).
 """
 
 from __future__ import annotations
