@@ -6,9 +6,9 @@ methods of the events it sees:
 - router: observe_first_token, observe_output_tokens, observe_finished (client-visible latencies),
   observe_directory_lookup / count_directory_error, count_router_retry, count_router_rejection,
   observe_tokenizer_queue_time;
-- prefill: observe_first_token, observe_finished (queue and prefill time), set_engine_state,
+- prefill: observe_first_token, observe_finished (queue and prefill time), set_engine_state, set_host_tier,
   observe_kv_transfer / count_kv_transfer_failure, count_kv_lease_expiry;
-- decode: observe_output_tokens, observe_finished (decode time), set_engine_state, set_spec_totals,
+- decode: observe_output_tokens, observe_finished (decode time), set_engine_state, set_host_tier, set_spec_totals,
   count_kv_lease_expiry.
 Methods are thread-safe (e.g. set_engine_state from the engine's on_step hook).
 
@@ -128,11 +128,25 @@ class ServiceMetrics:
         self.role = role
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
-        self._totals = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0, "spec_draft": 0, "spec_accepted": 0}
+        self._totals = dict.fromkeys(
+            (
+                "prefix_queries",
+                "prefix_hits",
+                "host_prefix_hits",
+                "recompute_preemptions",
+                "swap_preemptions",
+                "swapped_out",
+                "swapped_in",
+                "spec_draft",
+                "spec_accepted",
+            ),
+            0,
+        )
         self._server: WSGIServer | None = None
         self._register_vllm_metrics()
         self._register_disaggregation_metrics()
         self._register_spec_metrics()
+        self._register_host_tier_metrics()
 
     def _register_vllm_metrics(self) -> None:
         """vLLM's request latencies, engine state and token counts."""
@@ -156,7 +170,9 @@ class ServiceMetrics:
         self._generation_tokens = self._counter("generation_tokens", "Tokens generated.")
         self._prefix_queries = self._counter("prefix_cache_queries", "Prefix cache lookups, in tokens.")
         self._prefix_hits = self._counter("prefix_cache_hits", "Prefix cache hits, in tokens.")
-        self._preemptions = self._counter("num_preemptions", "Requests preempted (recomputed later).")
+        preemptions = self._counter("num_preemptions", "Requests preempted, by mode (recompute or swap).", "mode")
+        self._recompute_preemptions = preemptions.labels(self.role, "recompute")
+        self._swap_preemptions = preemptions.labels(self.role, "swap")
         self._success = self._counter("request_success", "Finished requests by finish reason.", "finished_reason")
         self._success_by_reason: dict[str, Counter] = {}
         """The role's child of `_success` per finish reason, looked up once (a labels() call costs a lock and a
@@ -196,6 +212,39 @@ class ServiceMetrics:
         self._spec_accepted_length = self._gauge(
             "spec_mean_accepted_length", "Tokens emitted per verify step so far (accepted proposals + 1)."
         )
+
+    def _register_host_tier_metrics(self) -> None:
+        """The host KV tier (`--swap-space`; all zero without one)."""
+        self._swapped_out = self._counter("kv_swapped_out_blocks", "KV blocks copied to the host tier by preemption.")
+        self._swapped_in = self._counter("kv_swapped_in_blocks", "Swapped-out KV blocks copied back to the device.")
+        self._host_prefix_hits = self._counter(
+            "host_prefix_cache_hits", "Prefix cache hits found in the host tier, in tokens (part of prefix_cache_hits)."
+        )
+        self._cpu_cache_usage = self._gauge("cpu_cache_usage_perc", "Fraction of host tier slots in use (0 to 1).")
+        blocks = self._gauge("host_kv_cache_blocks", "Host tier slots by state (swapped, cached, free).", "state")
+        self._host_blocks = {state: blocks.labels(self.role, state) for state in ("swapped", "cached", "free")}
+
+    def set_host_tier(
+        self,
+        *,
+        num_blocks_swapped_out: int,
+        num_blocks_swapped_in: int,
+        host_prefix_cache_hits: int,
+        num_slots: int,
+        num_swapped_slots: int,
+        num_cached_slots: int,
+    ) -> None:
+        """The host tier after a step: the first three are running totals (the counters advance by the change), the
+        slots set the usage gauges."""
+        with self._lock:
+            self._swapped_out.inc(self._advance("swapped_out", num_blocks_swapped_out))
+            self._swapped_in.inc(self._advance("swapped_in", num_blocks_swapped_in))
+            self._host_prefix_hits.inc(self._advance("host_prefix_hits", host_prefix_cache_hits))
+        num_used = num_swapped_slots + num_cached_slots
+        self._cpu_cache_usage.set(num_used / num_slots if num_slots else 0.0)
+        self._host_blocks["swapped"].set(num_swapped_slots)
+        self._host_blocks["cached"].set(num_cached_slots)
+        self._host_blocks["free"].set(num_slots - num_used)
 
     def set_spec_totals(self, *, draft_tokens: int, accepted_tokens: int, verify_steps: int) -> None:
         """The engine's speculation running totals (LLMEngine.spec_stats): counters advance by the change, the two
@@ -252,16 +301,21 @@ class ServiceMetrics:
         prefix_cache_queries: int,
         prefix_cache_hits: int,
         num_preemptions: int,
+        num_swap_preemptions: int = 0,
     ) -> None:
-        """The engine's state after a step. The last three are the engine's running totals (e.g.
-        kv_cache_manager.stats.queries/hits, scheduler.num_preemptions): the counters advance by the change."""
+        """The engine's state after a step. The last four are the engine's running totals (e.g.
+        kv_cache_manager.stats.queries/hits, scheduler.num_preemptions, of which the swapper's swap-outs): the
+        counters advance by the change; preemptions count by mode."""
         self._num_running.set(num_running)
         self._num_waiting.set(num_waiting)
         self._kv_usage.set(kv_cache_usage)
         with self._lock:
             self._prefix_queries.inc(self._advance("prefix_queries", prefix_cache_queries))
             self._prefix_hits.inc(self._advance("prefix_hits", prefix_cache_hits))
-            self._preemptions.inc(self._advance("preemptions", num_preemptions))
+            self._recompute_preemptions.inc(
+                self._advance("recompute_preemptions", num_preemptions - num_swap_preemptions)
+            )
+            self._swap_preemptions.inc(self._advance("swap_preemptions", num_swap_preemptions))
 
     def observe_kv_transfer(self, backend: str, num_bytes: int, duration_s: float) -> None:
         """One request's KV moved completely (count it on the sending side only)."""
@@ -329,9 +383,16 @@ class ServiceMetrics:
         )
         return family.labels(self.role) if not label else family
 
-    def _gauge(self, name: str, documentation: str) -> Gauge:
-        family = Gauge(PREFIX + name, documentation, ["role"], registry=self.registry, multiprocess_mode="livesum")
-        return family.labels(self.role)
+    def _gauge(self, name: str, documentation: str, label: str = "") -> Gauge:
+        """The role's child of a gauge; with `label`, the family."""
+        family = Gauge(
+            PREFIX + name,
+            documentation,
+            ["role", label] if label else ["role"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        return family.labels(self.role) if not label else family
 
     def _counter(self, name: str, documentation: str, label: str = "") -> Counter:
         """The role's child of a counter (exposed as `<name>_total`); with `label`, the family."""

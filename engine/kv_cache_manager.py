@@ -28,10 +28,12 @@ class NoFreeBlocksError(Exception):
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Prefix cache lookups, in tokens: `queries` looked up, `hits` found cached."""
+    """Prefix cache lookups, in tokens: `queries` looked up, `hits` found cached, `host_hits` of those found in the
+    host tier (copied back to the device; `TieredKVCacheManager`)."""
 
     queries: int = 0
     hits: int = 0
+    host_hits: int = 0
 
     @property
     def hit_rate(self) -> float:

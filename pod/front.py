@@ -56,7 +56,18 @@ def report_load(metrics: ServiceMetrics, load: EngineLoad) -> None:
         prefix_cache_queries=load.prefix_cache_queries,
         prefix_cache_hits=load.prefix_cache_hits,
         num_preemptions=load.num_preemptions,
+        num_swap_preemptions=0 if load.host_tier is None else load.host_tier.num_swap_preemptions,
     )
+    if load.host_tier is not None:
+        tier = load.host_tier
+        metrics.set_host_tier(
+            num_blocks_swapped_out=tier.num_blocks_swapped_out,
+            num_blocks_swapped_in=tier.num_blocks_swapped_in,
+            host_prefix_cache_hits=load.prefix_cache_host_hits,
+            num_slots=tier.num_slots,
+            num_swapped_slots=tier.num_swapped_slots,
+            num_cached_slots=tier.num_cached_slots,
+        )
     metrics.set_spec_totals(
         draft_tokens=load.spec_draft_tokens,
         accepted_tokens=load.spec_accepted_tokens,

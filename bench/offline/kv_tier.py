@@ -72,7 +72,7 @@ def prefix_tier_run(engine: LLMEngine, args: argparse.Namespace) -> dict[str, An
         "ttft_round1_ms_mean": 1000 * sum(ttfts[0]) / len(ttfts[0]),
         "ttft_round2_ms_p50": 1000 * percentile(ttfts[1], 50),
         "ttft_round2_ms_mean": 1000 * sum(ttfts[1]) / len(ttfts[1]),
-        "host_hit_tokens": getattr(kv, "num_host_hit_tokens", 0),
+        "host_hit_tokens": kv.stats.host_hits,
         "prefix_hit_rate": kv.stats.hit_rate,
     }
 

@@ -27,8 +27,9 @@ from engine.core.commands import (
     Shutdown,
 )
 from engine.core.decode_kv import DecodeKV
-from engine.core.outputs import CoreOutputs, EngineLoad, ErrorInfo, RequestFailed
+from engine.core.outputs import CoreOutputs, EngineLoad, ErrorInfo, HostTierLoad, RequestFailed
 from engine.core.prefill_kv import PrefillKV
+from engine.kv_tier.swapper import KVSwapper
 from engine.llm_engine import LLMEngine
 from engine.scheduler_output import FailedOutput
 from kv_transfer.base import KVReceiver, KVSender
@@ -154,12 +155,26 @@ class EngineCore:
             num_reserved_blocks=self.kv.num_reserved_blocks if isinstance(self.kv, DecodeKV) else 0,
             prefix_cache_queries=kv_cache.stats.queries,
             prefix_cache_hits=kv_cache.stats.hits,
+            prefix_cache_host_hits=kv_cache.stats.host_hits,
             num_preemptions=scheduler.num_preemptions,
             spec_draft_tokens=spec.draft_tokens,
             spec_accepted_tokens=spec.accepted_tokens,
             spec_verify_steps=spec.verify_steps,
             queued_prompt_tokens=self._queued_prompt_tokens() if isinstance(self.kv, PrefillKV) else None,
             step_ms=self._step_ms if scheduler.num_running else 0.0,
+            host_tier=None if scheduler.swapper is None else self._host_tier_load(scheduler.swapper),
+        )
+
+    @staticmethod
+    def _host_tier_load(swapper: KVSwapper) -> HostTierLoad:
+        host = swapper.host
+        return HostTierLoad(
+            num_swap_preemptions=swapper.num_swapped_out,
+            num_blocks_swapped_out=swapper.num_blocks_swapped_out,
+            num_blocks_swapped_in=swapper.num_blocks_swapped_in,
+            num_slots=host.num_slots,
+            num_swapped_slots=host.num_owned_slots,
+            num_cached_slots=host.num_cached,
         )
 
     def _queued_prompt_tokens(self) -> int:

@@ -90,6 +90,21 @@ class PrefillProgress:
 
 
 @dataclass(slots=True, frozen=True)
+class HostTierLoad:
+    """The host KV tier (`--swap-space`) after a turn: its running totals and its slots."""
+
+    num_swap_preemptions: int = 0
+    """Preemptions that swapped the request out (the rest of `EngineLoad.num_preemptions` recompute)."""
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
+    num_slots: int = 0
+    num_swapped_slots: int = 0
+    """Slots held by swapped-out requests."""
+    num_cached_slots: int = 0
+    """Slots of the host prefix tier's LRU."""
+
+
+@dataclass(slots=True, frozen=True)
 class EngineLoad:
     """The engine's load and running totals after a turn (the registry heartbeat and the metrics read it)."""
 
@@ -102,6 +117,8 @@ class EngineLoad:
     prompt not yet computed by a prefill pod, or its KV still arriving); 0 elsewhere."""
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0
+    """Of `prefix_cache_hits`, the tokens found in the host tier (copied back to the device)."""
     num_preemptions: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
@@ -111,6 +128,8 @@ class EngineLoad:
     step_ms: float = 0.0
     """Moving average of the time between the starts of consecutive steps while requests run (a decode core's
     time per output token); 0 while none runs."""
+    host_tier: HostTierLoad | None = None
+    """None without a host tier."""
 
     @property
     def kv_cache_usage(self) -> float:

@@ -49,6 +49,11 @@ class HostBlockPool:
     def num_cached(self) -> int:
         return len(self._cached)
 
+    @property
+    def num_owned_slots(self) -> int:
+        """Slots owned by swapped requests."""
+        return self.num_slots - len(self._free) - len(self._cached)
+
     def can_allocate(self, num_slots: int) -> bool:
         return num_slots <= len(self._free) or num_slots <= self.num_free_slots
 

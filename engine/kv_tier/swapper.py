@@ -51,7 +51,11 @@ class KVSwapper:
         self.swap_min_tokens = swap_min_tokens
         self.swapped: dict[str, SwappedKV] = {}
         self.num_swapped_out = 0
+        """Requests swapped out (preemptions in swap mode)."""
         self.num_swapped_in = 0
+        self.num_blocks_swapped_out = 0
+        self.num_blocks_swapped_in = 0
+        """Blocks copied back to the device (a swapped block found in the prefix cache instead needs no copy)."""
 
     def preemption_mode(self, num_computed_tokens: int, recomputable: bool = True) -> str:
         """SWAP for a request with this many computed tokens if it is long enough (or cannot be recomputed at all:
@@ -70,6 +74,7 @@ class KVSwapper:
         self.copier.to_host(self.kv.get_block_ids(request.req_id)[: len(slots)], slots)
         self.swapped[request.req_id] = SwappedKV(slots, num_tokens)
         self.num_swapped_out += 1
+        self.num_blocks_swapped_out += len(slots)
         return SWAP
 
     def computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
@@ -97,9 +102,11 @@ class KVSwapper:
         if swapped is None:
             return
         first, end = swapped.num_hit_blocks, self._num_blocks(request.num_computed_tokens)
-        self.copier.to_device(swapped.slots[first:end], self.kv.get_block_ids(request.req_id)[first:end])
+        slots = swapped.slots[first:end]
+        self.copier.to_device(slots, self.kv.get_block_ids(request.req_id)[first:end])
         self.host.free(swapped.slots)
         self.num_swapped_in += 1
+        self.num_blocks_swapped_in += len(slots)
 
     def discard(self, req_id: str) -> None:
         """Free a swapped-out request's host slots (it finished or was aborted; unknown ids are ignored)."""

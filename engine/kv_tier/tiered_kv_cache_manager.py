@@ -38,8 +38,6 @@ class TieredKVCacheManager(KVCacheManager):
         self.copier = copier
         self.block_pool.on_evict = self._offload
         self._host_hits: dict[str, list[tuple[BlockHash, HostBlock]]] = {}
-        self.num_host_hit_tokens = 0
-        """Tokens served from the host tier (copied back, not recomputed)."""
 
     def get_computed_blocks(
         self, req_id: str, token_ids: Sequence[int], extra_keys: tuple[str, ...] | None = None
@@ -80,7 +78,7 @@ class TieredKVCacheManager(KVCacheManager):
             return None
         self.copier.to_device([block.slot for _, block in host_hits], new_ids[: len(host_hits)])
         self._cache_copied(req_id, host_hits)
-        self.num_host_hit_tokens += len(host_hits) * self.block_size
+        self.stats.host_hits += len(host_hits) * self.block_size
         return new_ids
 
     def free(self, req_id: str) -> None:

@@ -55,7 +55,7 @@ def test_panels_have_unique_ids_a_place_and_targets_on_the_variable(dashboard: d
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids))
     graphs = [panel for panel in panels if panel["type"] != "row"]
-    assert len(graphs) == 16
+    assert len(graphs) == 17
     for panel in panels:
         assert {"h", "w", "x", "y"} <= panel["gridPos"].keys(), panel["title"]
     for panel in graphs:

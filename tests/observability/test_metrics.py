@@ -145,12 +145,12 @@ def test_engine_state_sets_gauges_and_advances_counters_by_the_change_of_the_tot
         _set("kv_cache_usage_perc", 0.25, "prefill"),
         _counted("prefix_cache_queries", 100, "prefill"),
         _counted("prefix_cache_hits", 40, "prefill"),
-        _counted("num_preemptions", 1, "prefill"),
+        _counted("num_preemptions", 1, "prefill", mode="recompute"),
     )
     assert _moved(pod, state(3, 0, 0.25, 150, 40, 3)) == _merge(
         _set("num_requests_waiting", -2, "prefill"),
         _counted("prefix_cache_queries", 50, "prefill"),
-        _counted("num_preemptions", 2, "prefill"),
+        _counted("num_preemptions", 2, "prefill", mode="recompute"),
     )
     # A total that went down (a new engine) started over from 0.
     assert _moved(pod, state(3, 0, 0.25, 10, 5, 3)) == _merge(
@@ -158,6 +158,71 @@ def test_engine_state_sets_gauges_and_advances_counters_by_the_change_of_the_tot
         _counted("prefix_cache_hits", 5, "prefill"),
     )
     assert pod.registry.get_sample_value("pdserve:prefix_cache_queries_total", {"role": "prefill"}) == 160
+
+
+def test_preemptions_count_by_mode() -> None:
+    pod = ServiceMetrics("decode")
+
+    def state(preemptions: int, swapped: int) -> Callable[[], None]:
+        return lambda: pod.set_engine_state(
+            num_running=1,
+            num_waiting=0,
+            kv_cache_usage=0.5,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=preemptions,
+            num_swap_preemptions=swapped,
+        )
+
+    assert _moved(pod, state(3, 2)) == _merge(
+        _set("num_requests_running", 1, "decode"),
+        _set("kv_cache_usage_perc", 0.5, "decode"),
+        _counted("num_preemptions", 1, "decode", mode="recompute"),
+        _counted("num_preemptions", 2, "decode", mode="swap"),
+    )
+    assert _moved(pod, state(7, 2)) == _counted("num_preemptions", 4, "decode", mode="recompute")
+    assert _moved(pod, state(8, 3)) == _counted("num_preemptions", 1, "decode", mode="swap")
+
+
+def _host_blocks(role: str, swapped: float, cached: float, free: float) -> dict[Series, float]:
+    return {
+        ("pdserve:host_kv_cache_blocks", _labels(role, state=state)): amount
+        for state, amount in (("swapped", swapped), ("cached", cached), ("free", free))
+        if amount
+    }
+
+
+def test_host_tier_counters_advance_by_the_change_and_its_gauges_count_slots() -> None:
+    pod = ServiceMetrics("prefill")
+
+    def tier(out: int, back: int, hits: int, swapped: int, cached: int) -> Callable[[], None]:
+        return lambda: pod.set_host_tier(
+            num_blocks_swapped_out=out,
+            num_blocks_swapped_in=back,
+            host_prefix_cache_hits=hits,
+            num_slots=40,
+            num_swapped_slots=swapped,
+            num_cached_slots=cached,
+        )
+
+    assert _moved(pod, tier(6, 0, 0, 6, 4)) == _merge(
+        _counted("kv_swapped_out_blocks", 6, "prefill"),
+        _set("cpu_cache_usage_perc", 0.25, "prefill"),
+        _host_blocks("prefill", swapped=6, cached=4, free=30),
+    )
+    assert _moved(pod, tier(6, 5, 48, 0, 10)) == _merge(
+        _counted("kv_swapped_in_blocks", 5, "prefill"),
+        _counted("host_prefix_cache_hits", 48, "prefill"),
+        _host_blocks("prefill", swapped=-6, cached=6, free=0),
+    )
+    assert pod.registry.get_sample_value("pdserve:cpu_cache_usage_perc", {"role": "prefill"}) == 0.25
+    assert pod.registry.get_sample_value("pdserve:host_kv_cache_blocks", {"role": "prefill", "state": "free"}) == 30
+    # A new engine's totals start over from 0.
+    assert _moved(pod, tier(2, 2, 16, 0, 10)) == _merge(
+        _counted("kv_swapped_out_blocks", 2, "prefill"),
+        _counted("kv_swapped_in_blocks", 2, "prefill"),
+        _counted("host_prefix_cache_hits", 16, "prefill"),
+    )
 
 
 def test_kv_transfer_series_carry_the_backend() -> None:

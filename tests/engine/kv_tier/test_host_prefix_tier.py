@@ -66,7 +66,7 @@ def test_evicted_prefix_is_copied_back_from_the_host_tier(tiny_qwen3_path: Path)
     assert removed == [tuple(h for (h,) in moved)]
     # The 3 evicted blocks of the prefix come back from the host: b computes its 12-token suffix and 3 decodes.
     assert run(engine, "b", b) == (expected, 76 - 64 + 3)
-    assert kv.num_host_hit_tokens == 48
+    assert (kv.stats.host_hits, kv.stats.hits) == (48, 64)
     # b's copied-back blocks are device-cached again, one chain; b's allocation moved 3 of c's blocks to the host.
     restored = [e for e in kv.take_events() if isinstance(e, BlockStored) and e.tier == "device"]
     assert [e.block_hashes for e in restored] == [tuple(h for (h,) in reversed(moved))]

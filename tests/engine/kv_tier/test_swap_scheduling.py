@@ -43,6 +43,7 @@ def test_short_request_is_recomputed() -> None:
     s, swapper, copier = make_scheduler(num_blocks=4, num_slots=8, swap_min_tokens=9)
     preempt_b(s)
     assert (swapper.num_swapped_out, copier.copies, swapper.host.num_free_slots) == (0, [], 8)
+    assert swapper.num_blocks_swapped_out == 0
 
 
 @pytest.mark.parametrize("prefix_cached", [True, False])
@@ -56,6 +57,7 @@ def test_long_request_is_swapped_out_and_back_in(prefix_cached: bool) -> None:
     # b held blocks 2 and 3 (8 tokens): both go to host slots 0 and 1.
     assert copier.copies == [("to_host", [2, 3], [0, 1])]
     assert swapper.host.num_free_slots == 6
+    assert (swapper.num_blocks_swapped_out, swapper.host.num_owned_slots) == (2, 2)
     for _ in range(3):
         step(s)
     assert "a" not in s.requests
@@ -70,6 +72,7 @@ def test_long_request_is_swapped_out_and_back_in(prefix_cached: bool) -> None:
     else:
         assert copier.copies[1:] == [("to_device", [0, 1], table[:2])]
     assert (swapper.num_swapped_in, swapper.host.num_free_slots) == (1, 8)
+    assert (swapper.num_blocks_swapped_in, swapper.host.num_owned_slots) == (1 if prefix_cached else 2, 0)
 
 
 def test_abort_while_swapped_out_frees_the_host_slots() -> None:
