@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -15,6 +16,10 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
 )
+
+if TYPE_CHECKING:
+    from common.sampling_params import SamplingParams
+    from engine.llm_engine import LLMEngine
 
 _COMMON = dict(
     vocab_size=512,
@@ -87,17 +92,32 @@ def make_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 def hf_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, device: str = "cpu") -> list[list[int]]:
     """transformers generate(do_sample=False), one prompt at a time (no padding), EOS ignored."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    outputs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device=device)
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=None,
-        )
-        outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+    return [generate_greedy(model, torch.tensor([prompt], device=device), max_new_tokens) for prompt in prompts]
+
+
+@torch.no_grad()
+def generate_greedy(model: Any, ids: torch.Tensor, max_new_tokens: int, **inputs: torch.Tensor) -> list[int]:
+    """transformers generate(do_sample=False) of exactly `max_new_tokens` after the one prompt `ids` [1, T] (EOS
+    ignored); `inputs`: the model's other inputs (e.g. pixel_values)."""
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=None,
+        **inputs,
+    )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def step_to_end(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """Add `prompts` (request ids "0", "1", ...) and step `engine` until nothing is left; each prompt's tokens."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            tokens[output.req_id] += output.new_token_ids
+    return [tokens[str(i)] for i in range(len(prompts))]

@@ -17,6 +17,7 @@ from transformers.models.llava.image_processing_pil_llava import LlavaImageProce
 from common.multimodal import ImageInput, expand_image_tokens
 from common.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
+from tests.engine.model_factory import generate_greedy
 
 IMAGE_SIZE = 28
 PATCH_SIZE = 7
@@ -96,19 +97,8 @@ def hf_llava_greedy(
     model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).to(device).eval()
     outputs = []
     for token_ids, images in prompts:
-        ids = torch.tensor([token_ids], device=device)
-        kwargs = {"pixel_values": hf_pixel_values(images).to(device)} if images else {}
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=None,
-            **kwargs,
-        )
-        outputs.append(out[0, len(token_ids) :].tolist())
+        inputs = {"pixel_values": hf_pixel_values(images).to(device)} if images else {}
+        outputs.append(generate_greedy(model, torch.tensor([token_ids], device=device), max_new_tokens, **inputs))
     return outputs
 
 

@@ -16,7 +16,7 @@ from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.spec.draft_speculator import DraftSpeculator
-from tests.engine.model_factory import NEW_TOKENS, save_tiny_model
+from tests.engine.model_factory import NEW_TOKENS, save_tiny_model, step_to_end
 
 TinyModel = tuple[Path, list[list[int]], list[list[int]]]
 pytestmark = pytest.mark.parametrize("tiny_model", ["qwen3"], indirect=True)
@@ -42,16 +42,11 @@ def draft_spec(model: Path, **fields: Any) -> dict[str, Any]:
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.req_id] += output.new_token_ids
+    tokens = step_to_end(engine, prompts, params)
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks
     speculator = engine.speculator
     assert isinstance(speculator, DraftSpeculator) and not speculator.draft._states
-    return [tokens[str(i)] for i in range(len(prompts))]
+    return tokens
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

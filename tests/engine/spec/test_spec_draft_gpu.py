@@ -15,7 +15,7 @@ from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from engine.spec.draft_speculator import DraftSpeculator
-from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model
+from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model, step_to_end
 
 pytestmark = pytest.mark.gpu
 
@@ -31,14 +31,9 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
 
 
 def decode(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.req_id] += output.new_token_ids
+    tokens = step_to_end(engine, prompts, params)
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks
-    return [tokens[str(i)] for i in range(len(prompts))]
+    return tokens
 
 
 def draft_engine(target: Path, draft: Path, enforce_eager: bool, **kwargs: Any) -> tuple[LLMEngine, Counter[int]]:

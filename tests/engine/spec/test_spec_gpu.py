@@ -10,7 +10,7 @@ import pytest
 from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model
+from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model, step_to_end
 
 pytestmark = pytest.mark.gpu
 
@@ -34,12 +34,6 @@ def test_verified_tokens_equal_with_and_without_cuda_graphs(
     engine = LLMEngine(config)
     engine.set_replay_recordings({tuple(p): e for p, e in zip(prompts, expected, strict=True)})
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.req_id] += output.new_token_ids
-    assert [tokens[str(i)] for i in range(len(prompts))] == expected
+    assert step_to_end(engine, prompts, params) == expected
     assert engine.spec_stats.accepted_tokens > 0
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks

@@ -13,6 +13,7 @@ import torch
 from common.sampling_params import SamplingParams
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
+from tests.engine.model_factory import step_to_end
 
 TinyModel = tuple[Path, list[list[int]], list[list[int]]]
 
@@ -34,13 +35,7 @@ def test_tokens_equal_transformers_when_trimmed_blocks_are_reused(tiny_model: Ti
     engine = LLMEngine(engine_config(str(path), num_blocks=200, block_size=2, speculative_config=spec))
     engine.set_replay_recordings({tuple(p): e for p, e in zip(prompts, expected, strict=True)})
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.req_id] += output.new_token_ids
-    assert [tokens[str(i)] for i in range(len(prompts))] == expected
+    assert step_to_end(engine, prompts, params) == expected
     assert engine.spec_stats.draft_tokens > 100
     assert engine.scheduler.num_preemptions == 0
     assert engine.kv_cache_manager.num_free_blocks == engine.runner.num_blocks
