@@ -104,16 +104,8 @@ class BeamSearchOutput(EngineOutput):
     beams: list[FinishedBeam] = field(default_factory=list)
 
     def __reduce__(self) -> tuple[type[EngineOutput], tuple[object, ...]]:
-        return BeamSearchOutput, (
-            self.req_id,
-            self.new_token_ids,
-            self.new_logprobs,
-            self.finish_reason,
-            self.stop_reason,
-            self.num_prompt_tokens,
-            self.num_cached_tokens,
-            self.beams,
-        )
+        # NOTE: EngineOutput's arguments by name: zero-argument super() fails in a slots dataclass.
+        return BeamSearchOutput, (*EngineOutput.__reduce__(self)[1], self.beams)
 
 
 @dataclass(slots=True)
