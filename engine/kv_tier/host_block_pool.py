@@ -38,12 +38,14 @@ class HostBlockPool:
         self.num_slots = num_slots
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._cached: OrderedDict[BlockHash, HostBlock] = OrderedDict()
+        self._num_pinned = 0
+        """Cached blocks with a pin (num_pins > 0)."""
         self._events: list[KVCacheEvent] = []
 
     @property
     def num_free_slots(self) -> int:
         """Slots not owned by a swapped request: free ones and unpinned cached ones (evictable)."""
-        return len(self._free) + sum(1 for block in self._cached.values() if not block.num_pins)
+        return len(self._free) + len(self._cached) - self._num_pinned
 
     @property
     def num_cached(self) -> int:
@@ -99,17 +101,23 @@ class HostBlockPool:
     def pin(self, block_hashes: Iterable[BlockHash]) -> None:
         """Keep these cached blocks from eviction (a hit about to be copied back) and mark them recently used."""
         for block_hash in block_hashes:
-            self._cached[block_hash].num_pins += 1
+            block = self._cached[block_hash]
+            if block.num_pins == 0:
+                self._num_pinned += 1
+            block.num_pins += 1
             self._cached.move_to_end(block_hash)
 
     def unpin(self, block_hashes: Iterable[BlockHash]) -> None:
         for block_hash in block_hashes:
-            self._cached[block_hash].num_pins -= 1
+            block = self._cached[block_hash]
+            block.num_pins -= 1
+            if block.num_pins == 0:
+                self._num_pinned -= 1
 
     def reset(self) -> bool:
         """Drop every cached block and the events not yet taken (an `AllBlocksCleared` of the device pool covers
         both tiers); refused (False) while a hit is pinned."""
-        if any(block.num_pins for block in self._cached.values()):
+        if self._num_pinned:
             return False
         self._free.extend(block.slot for block in self._cached.values())
         self._cached.clear()
