@@ -29,15 +29,15 @@ class LayerKernels:
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     # (x, gate_up weight, bias | None) -> silu_and_mul(linear(x, weight, bias)), one launch at batch 1 on CUDA
     linear_silu_and_mul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    # (x, w13, w2, topk_weights, topk_ids, first_expert) -> the MoE experts' weighted sum (engine.layers.moe)
-    fused_moe: Callable[..., torch.Tensor] = torch_moe.fused_moe
+    # (x, router_logits, w13, w2, top_k, renormalize, first_expert) -> the MoE layer's output (engine.layers.moe)
+    moe: Callable[..., torch.Tensor] = torch_moe.moe
 
 
 def layer_kernels(device: torch.device, pdl: bool = False) -> LayerKernels:
     """The set for `device`; `pdl`: the Triton norms and the q/k norm + RoPE + store launch early (for a model whose
     one-row GEMVs do, `LinearMethod.gemv_pdl`)."""
     if device.type == "cuda":
-        from engine.layers.moe.triton_moe import fused_moe as triton_fused_moe
+        from engine.layers.moe.triton_moe import moe as triton_moe
         from engine.layers.triton_activation import silu_and_mul as triton_silu_and_mul
         from engine.layers.triton_gemv import linear as triton_linear
         from engine.layers.triton_gemv import linear_silu_and_mul as triton_linear_silu_and_mul
@@ -52,7 +52,7 @@ def layer_kernels(device: torch.device, pdl: bool = False) -> LayerKernels:
             triton_silu_and_mul,
             triton_linear,
             triton_linear_silu_and_mul,
-            triton_fused_moe,
+            triton_moe,
         )
     return LayerKernels(
         torch_ops.rms_norm,

@@ -127,7 +127,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg, kernels, backend, linear_method, comm)
         self.mlp: nn.Module
         if cfg.moe is not None and layer_index in cfg.moe.sparse_layers:
-            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, kernels.fused_moe, comm)
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, kernels, comm)
         else:
             self.mlp = LlamaMLP(cfg, kernels, linear_method, comm)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)

@@ -18,19 +18,14 @@ parallel attention).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.moe.routing import select_experts
+from engine.layers.kernels import LayerKernels
 from engine.models.moe_config import MoEConfig
 from engine.parallel.communicator import Communicator
 from engine.parallel.layers import CheckpointSlice
-
-FusedMoE = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""(x, w13, w2, topk_weights, topk_ids, first_expert) -> [T, H]: `engine.layers.moe.torch_moe.fused_moe`."""
 
 CheckpointViews = dict[str, tuple[torch.Tensor, CheckpointSlice | None]]
 
@@ -43,9 +38,9 @@ def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
 class SparseMoeBlock(nn.Module):
     """Holds its parameters itself (no submodules): their checkpoint names come from `checkpoint_views` only."""
 
-    def __init__(self, moe: MoEConfig, hidden_size: int, fused_moe: FusedMoE, comm: Communicator) -> None:
+    def __init__(self, moe: MoEConfig, hidden_size: int, kernels: LayerKernels, comm: Communicator) -> None:
         super().__init__()
-        self.moe, self.fused_moe, self.comm = moe, fused_moe, comm
+        self.moe, self.kernels, self.comm = moe, kernels, comm
         rank = comm.rank
         if comm.expert_parallel:
             self.experts, self.rows = rank.split(moe.num_experts), slice(0, moe.moe_intermediate_size)
@@ -70,10 +65,11 @@ class SparseMoeBlock(nn.Module):
         return views
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_ids = select_experts(
-            F.linear(x, self.gate_weight), self.moe.num_experts_per_tok, self.moe.norm_topk_prob
+        moe = self.moe
+        router_logits = self.kernels.linear(x, self.gate_weight, None)
+        out = self.kernels.moe(
+            x, router_logits, self.w13, self.w2, moe.num_experts_per_tok, moe.norm_topk_prob, self.experts.start
         )
-        out = self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.experts.start)
         return self.comm.all_reduce(out)
 
 

@@ -1,6 +1,7 @@
-"""What the MoE expert computation must satisfy on any device: the Triton kernels (`engine.layers.moe.triton_moe`)
-against the torch reference (`engine.layers.moe.torch_moe`); `run_interpreted_checks` runs small float32 cases in
-Triton's interpreter, tests/engine/test_moe_gpu.py the real shapes on the GPU."""
+"""What the MoE layer must satisfy on any device: the Triton kernels (`engine.layers.moe.triton_moe`: the sorted
+grouped GEMMs, and `triton_decode`'s GEMVs through `triton_moe.moe`) against the torch reference
+(`engine.layers.moe.torch_moe`); `run_interpreted_checks` runs small float32 cases in Triton's interpreter,
+tests/engine/test_moe_gpu.py the real shapes on the GPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from engine.layers.moe import torch_moe, triton_moe
 from engine.layers.moe.routing import select_experts
+from engine.layers.moe.triton_decode import DecodeTiles, moe_decode
 
 
 def make_case(
@@ -55,10 +57,41 @@ def check_fused_moe(
     assert error < tolerance, f"T={num_tokens} E={num_experts} k={top_k} ranks={num_ranks}: relative error {error}"
 
 
+def check_moe(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    dtype: torch.dtype,
+    device: str,
+    num_ranks: int = 1,
+    renormalize: bool = True,
+    tiles: DecodeTiles | None = None,
+) -> None:
+    """The whole layer from router logits: `triton_moe.moe` (or, with `tiles`, `triton_decode.moe_decode` with those
+    tiles) == `torch_moe.moe` in float32, with the tolerances of `check_fused_moe`; expert-parallel parts sum to the
+    whole."""
+    gen = torch.Generator(device).manual_seed(num_tokens * 1000 + num_experts + 1)
+    x, w13, w2, _, _ = make_case(num_tokens, num_experts, top_k, hidden, intermediate, dtype, device)
+    logits = torch.randn(num_tokens, num_experts, generator=gen, device=device).to(dtype)
+    expected = torch_moe.moe(x.float(), logits, w13.float(), w2.float(), top_k, renormalize, 0)
+    per_rank = num_experts // num_ranks
+    parts = []
+    for r in range(num_ranks):
+        experts = slice(r * per_rank, (r + 1) * per_rank)
+        args = (x, logits, w13[experts], w2[experts], top_k, renormalize, r * per_rank)
+        parts.append(triton_moe.moe(*args) if tiles is None else moe_decode(*args, tiles=tiles))
+    actual = torch.stack(parts).float().sum(0)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    error = (actual - expected).norm() / expected.norm()
+    assert error < tolerance, f"T={num_tokens} E={num_experts} k={top_k} ranks={num_ranks}: relative error {error}"
+
+
 INTERPRETED_CASES = [
-    # (T, E, k, H, I, ranks): batch 1 and a few tokens (one pair per block, two expert-parallel ranks), sorted pairs
-    # over many experts, one expert's run spanning blocks (T*k/E > 64), intermediate and hidden sizes not multiples
-    # of the tiles, and sorted pairs over two expert-parallel ranks.
+    # (T, E, k, H, I, ranks) for the sorted grouped GEMMs: batch 1 and a few tokens (two expert-parallel ranks),
+    # sorted pairs over many experts, one expert's run spanning blocks (T*k/E > 64), intermediate and hidden sizes
+    # not multiples of the tiles, and sorted pairs over two expert-parallel ranks.
     (1, 8, 2, 64, 32, 1),
     (5, 8, 3, 64, 32, 2),
     (37, 16, 4, 64, 48, 1),
@@ -67,6 +100,23 @@ INTERPRETED_CASES = [
 ]
 
 
+DECODE_CASES = [
+    # (T, E, k, H, I, ranks, renormalize, tiles) through `triton_moe.moe`'s GEMV path or (tiles) moe_decode itself:
+    # batch 1 with k = 8 of 16 experts and of 6 (k not a power of two, E neither), 4 tokens (16 pairs), two and four
+    # expert-parallel ranks, no renormalization, hidden and intermediate sizes that no tile divides (masked
+    # columns, partial row tiles), and wide tiles at batch 1.
+    (1, 16, 8, 64, 32, 1, True, None),
+    (1, 6, 3, 64, 32, 1, True, None),
+    (4, 8, 4, 64, 48, 2, False, None),
+    (2, 16, 8, 40, 24, 4, True, None),
+    (1, 8, 2, 96, 40, 1, True, DecodeTiles(gate_up_cols=16, down_cols=32, block_k=32, num_stages=2)),
+]
+
+
 def run_interpreted_checks() -> None:
     for case in INTERPRETED_CASES:
         check_fused_moe(*case[:5], torch.float32, "cpu", num_ranks=case[5])
+    for t, e, k, h, i, ranks, renormalize, tiles in DECODE_CASES:
+        check_moe(t, e, k, h, i, torch.float32, "cpu", ranks, renormalize, tiles)
+    # More than DECODE_MAX_PAIRS pairs: the layer sorts them.
+    check_moe(9, 8, 2, 64, 32, torch.float32, "cpu", num_ranks=2)

@@ -1,7 +1,8 @@
 """The Triton MoE kernels on the GPU against the torch reference, at Qwen3-30B-A3B's expert shapes (128 experts, top
 8, hidden 2048, intermediate 768) and Mixtral-8x7B's (8 experts, top 2, 4096, 14336), from batch 1 to prefill sizes,
-with expert parallelism over 2 and 4 ranks; a captured CUDA graph replays what an eager call computes; and the tiny
-MoE models through the engine on the GPU are greedy token-identical to transformers."""
+with expert parallelism over 2 and 4 ranks, the sorted grouped GEMMs and the whole layer from router logits (the
+decode GEMVs up to 16 pairs); captured CUDA graphs replay what eager calls compute; and the tiny MoE models through
+the engine on the GPU are greedy token-identical to transformers."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from engine.layers.moe import triton_moe
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model
-from tests.engine.moe_checks import check_fused_moe, make_case
+from tests.engine.moe_checks import check_fused_moe, check_moe, make_case
 from tests.engine.quant_support import greedy
 
 QWEN3_30B_A3B = (128, 8, 2048, 768)
@@ -35,6 +36,38 @@ def test_qwen3_30b_a3b_experts_match_reference(num_tokens: int, dtype: torch.dty
 @pytest.mark.parametrize("num_tokens", [1, 17, 512])
 def test_mixtral_experts_match_reference(num_tokens: int) -> None:
     check_fused_moe(num_tokens, *MIXTRAL_8X7B, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("num_tokens", [1, 2, 3])
+@pytest.mark.parametrize("num_ranks", [1, 2, 4])
+def test_qwen3_30b_a3b_layer_from_logits_matches_reference(num_tokens: int, dtype: torch.dtype, num_ranks: int) -> None:
+    check_moe(num_tokens, *QWEN3_30B_A3B, dtype, "cuda", num_ranks=num_ranks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 8, 9])
+def test_mixtral_layer_from_logits_matches_reference(num_tokens: int) -> None:
+    check_moe(num_tokens, *MIXTRAL_8X7B, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_decode_layer_replays_in_a_cuda_graph() -> None:
+    x, w13, w2, _, _ = make_case(1, *QWEN3_30B_A3B, torch.bfloat16, "cuda")
+    logits = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        triton_moe.moe(x, logits, w13, w2, 8, True, 0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = triton_moe.moe(x, logits, w13, w2, 8, True, 0)
+    x.normal_()
+    logits.normal_()  # other experts than the capture's routing chose
+    graph.replay()
+    assert torch.equal(captured, triton_moe.moe(x, logits, w13, w2, 8, True, 0))
 
 
 @pytest.mark.gpu

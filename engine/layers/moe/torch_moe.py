@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.layers.moe.routing import select_experts
+
 
 def fused_moe(
     x: torch.Tensor,
@@ -32,3 +34,17 @@ def fused_moe(
         hidden = F.linear(F.silu(gate) * up, w2[expert]) * topk_weights[token, slot, None]
         out.index_add_(0, token, hidden.to(out.dtype))
     return out
+
+
+def moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    first_expert: int,
+) -> torch.Tensor:
+    """The MoE layer after its router: each token's `top_k` experts from `router_logits` [T, num_experts]
+    (`routing.select_experts`), then `fused_moe`."""
+    return fused_moe(x, w13, w2, *select_experts(router_logits, top_k, renormalize), first_expert)
