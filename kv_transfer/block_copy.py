@@ -1,3 +1,4 @@
+# mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
 """One-pass block copy between two pools' rows on one GPU: `dst_rows[dst_ids[i]] = src_rows[src_ids[i]]`.
 
 The cuda_ipc receiver lands a chunk with it, reading the sender's pool where it is mapped: on the receiver's own GPU,
