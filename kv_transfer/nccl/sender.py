@@ -1,5 +1,5 @@
-"""The nccl backend's sender: its data plane gathers each chunk's blocks into one buffer and sends it in one NCCL
-send."""
+"""The nccl backend's sender: its data plane gathers each chunk's blocks into one buffer piece by piece, sending
+each piece in one NCCL send as soon as it is gathered (`kv_transfer.nccl.pieces`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kv_transfer.control.socket_sender import SocketSender
 from kv_transfer.copy_stream import CopyStream, MarkedBlocks, make_copy_stream
 from kv_transfer.nccl.gpu_identity import device_uuid
 from kv_transfer.nccl.pair_group import SENDER_RANK, GroupFactory, NcclPairGroup, PairGroup
+from kv_transfer.nccl.pieces import PIECE_NBYTES, piece_blocks, piece_bounds
 from kv_transfer.pool_io import block_index, pool_words
 from kv_transfer.state import ProtocolError, TransportError
 
@@ -24,11 +25,19 @@ from kv_transfer.state import ProtocolError, TransportError
 class _SendLink(SenderLink[MarkedBlocks]):
     """Rank 0 of the connection's pair; the communicator comes with the first chunk that has blocks."""
 
-    def __init__(self, words: torch.Tensor, stream: CopyStream, store: dist.Store, make_group: GroupFactory) -> None:
+    def __init__(
+        self,
+        words: torch.Tensor,
+        stream: CopyStream,
+        store: dist.Store,
+        make_group: GroupFactory,
+        blocks_per_piece: int,
+    ) -> None:
         self._words = words
         self._stream = stream
         self._store = store
         self._make_group = make_group
+        self._blocks_per_piece = blocks_per_piece
         self._group: PairGroup | None = None
 
     def write(self, sock: socket.socket, head: FrameHead, staged: MarkedBlocks) -> None:
@@ -36,9 +45,15 @@ class _SendLink(SenderLink[MarkedBlocks]):
         sock.sendall(head.encode())
         if not staged.src_block_ids:
             return
+        num_blocks = len(staged.src_block_ids)
         with self._stream.activate():
-            blocks = self._words.index_select(0, block_index(staged.src_block_ids, self._words.device))
-            self._pair().send(blocks.view(-1))
+            # NOTE: each send waits for its own piece's gather only (NCCL's stream waits for the copy stream as it
+            # stands when the send is queued), so the next piece's gather runs while this one is on the wire.
+            ids = block_index(staged.src_block_ids, self._words.device)
+            blocks = torch.empty((num_blocks, self._words.shape[1]), dtype=self._words.dtype, device=self._words.device)
+            for start, stop in piece_bounds(num_blocks, self._blocks_per_piece):
+                torch.index_select(self._words, 0, ids[start:stop], out=blocks[start:stop])
+                self._pair().send(blocks[start:stop].view(-1))
 
     def close(self) -> None:
         if self._group is not None:
@@ -51,19 +66,23 @@ class _SendLink(SenderLink[MarkedBlocks]):
 
 
 class NcclSenderPlane(SenderPlane[MarkedBlocks]):
-    """Names this pool's GPU in the HELLO; `stage` only records an event after the caller's queued work, so `send`
-    neither copies nor waits. `connect_timeout_s` bounds reaching the receiver's rendezvous store."""
+    """Names this pool's GPU and the blocks per piece of its chunks in the HELLO; `stage` only records an event after
+    the caller's queued work, so `send` neither copies nor waits. `connect_timeout_s` bounds reaching the receiver's
+    rendezvous store."""
 
     backend = "nccl"
 
-    def __init__(self, pool: torch.Tensor, connect_timeout_s: float, make_group: GroupFactory) -> None:
+    def __init__(
+        self, pool: torch.Tensor, connect_timeout_s: float, make_group: GroupFactory, piece_nbytes: int
+    ) -> None:
         self._words = pool_words(pool)
+        self._blocks_per_piece = piece_blocks(piece_nbytes, self._words.shape[1] * self._words.element_size())
         self._stream = make_copy_stream(pool.device)
         self._connect_timeout = timedelta(seconds=connect_timeout_s)
         self._make_group = make_group
 
     def hello(self) -> dict[str, Any]:
-        return {"device": device_uuid(self._words.device)}
+        return {"device": device_uuid(self._words.device), "piece_blocks": self._blocks_per_piece}
 
     def stage(self, src_block_ids: Sequence[int]) -> MarkedBlocks:
         return MarkedBlocks(tuple(src_block_ids), self._stream.mark())
@@ -78,14 +97,17 @@ class NcclSenderPlane(SenderPlane[MarkedBlocks]):
             raise TransportError(
                 f"cannot reach the receiver's NCCL rendezvous store at {host}:{port}: {error}"
             ) from None
-        return _SendLink(self._words, self._stream, dist.PrefixStore(prefix, store), self._make_group)
+        return _SendLink(
+            self._words, self._stream, dist.PrefixStore(prefix, store), self._make_group, self._blocks_per_piece
+        )
 
 
 class NcclSender(SocketSender[MarkedBlocks]):
     """Ships blocks of a GPU `pool` over NCCL, one communicator per receiver (see the package). `pair_group` makes
-    the pair's communicator."""
+    the pair's communicator; `piece_nbytes` bounds one NCCL send (the receiver follows the HELLO's piece size)."""
 
     pair_group: ClassVar[GroupFactory] = NcclPairGroup
+    piece_nbytes: ClassVar[int] = PIECE_NBYTES
 
     def _make_plane(self, pool: torch.Tensor) -> SenderPlane[MarkedBlocks]:
-        return NcclSenderPlane(pool, self._connect_timeout_s, type(self).pair_group)
+        return NcclSenderPlane(pool, self._connect_timeout_s, type(self).pair_group, type(self).piece_nbytes)
