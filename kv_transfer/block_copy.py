@@ -23,7 +23,10 @@ TILE_WORDS = 4096
 _NUM_WARPS = 8
 
 
-@triton.jit
+# NOTE: one compiled kernel for every pool of a dtype whose rows are a multiple of 16 words (every real KV block):
+# `row_words` stays specialized (its divisibility lets the loads be 16 bytes wide), `num_tiles` does not, so a first
+# chunk in a fresh process compiles once, not once per row length.
+@triton.jit(do_not_specialize=["num_tiles"])
 def _copy_blocks_kernel(src, dst, src_ids, dst_ids, row_words, num_tiles, TILE: tl.constexpr):
     pid = tl.program_id(0)
     block = pid // num_tiles
@@ -67,3 +70,12 @@ def copy_blocks(
         _copy_blocks_kernel[(src_ids.numel() * num_tiles,)](
             src_rows, dst_rows, src_ids, dst_ids, row_words, num_tiles, TILE=tile, num_warps=_NUM_WARPS
         )
+
+
+def compile_for(rows: torch.Tensor) -> None:
+    """Compile the kernel for `rows`' dtype on its device now, on a scratch copy, so that the first chunk does not
+    wait for Triton (about a second on a fresh machine). Rows whose length is not a multiple of 16 words compile
+    once more at their first chunk."""
+    scratch = torch.zeros((2, 16), dtype=rows.dtype, device=rows.device)
+    ids = torch.tensor([0], dtype=torch.int64, device=rows.device)
+    copy_blocks(scratch, ids, scratch, ids + 1)

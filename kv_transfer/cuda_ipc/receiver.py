@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kv_transfer.block_copy import copy_blocks
+from kv_transfer.block_copy import compile_for, copy_blocks
 from kv_transfer.control.data_plane import ReceiverLink, ReceiverPlane
 from kv_transfer.control.frames import FrameHead, KeepWaiting
 from kv_transfer.control.socket_receiver import SocketReceiver
@@ -97,6 +97,8 @@ class CudaIpcReceiverPlane(ReceiverPlane):
 
     def __init__(self, pool: torch.Tensor) -> None:
         self._words = pool_words(pool)
+        if self._words.is_cuda:
+            compile_for(self._words)
         self._lock = threading.Lock()
         # NOTE: the links hold the mapped pools (as words); a mapping lives as long as one of them does.
         self._mapped: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()

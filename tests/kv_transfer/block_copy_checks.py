@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kv_transfer.block_copy import TILE_WORDS, copy_blocks
+from kv_transfer.block_copy import TILE_WORDS, compile_for, copy_blocks
 
 
 def random_rows(num_blocks: int, row_words: int, dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:
@@ -45,6 +45,14 @@ def check_nothing_to_copy(device: str) -> None:
     assert torch.equal(dst, before)
 
 
+def check_compile_for(device: str) -> None:
+    """Compiling on a scratch copy leaves the pool as it was."""
+    rows = random_rows(4, 48, torch.int64, device, seed=8)
+    before = rows.clone()
+    compile_for(rows)
+    assert torch.equal(rows, before)
+
+
 def run_interpreted_checks() -> None:
     """Small CPU cases for the Triton interpreter (the process must start with TRITON_INTERPRET=1)."""
     check_copy_blocks(300, torch.int64, "cpu", seed=0, tile=128)  # 3 programs per row, the last 44 words
@@ -52,3 +60,4 @@ def run_interpreted_checks() -> None:
     check_copy_blocks(77, torch.int16, "cpu", seed=2, tile=64, num_blocks=7)  # odd rows of narrower words
     check_copy_blocks(40, torch.int64, "cpu", seed=3)  # one partial program of the default tile
     check_nothing_to_copy("cpu")
+    check_compile_for("cpu")

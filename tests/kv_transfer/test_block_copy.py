@@ -9,7 +9,7 @@ import torch
 from common.errors import InvalidArgumentError
 from kv_transfer.block_copy import TILE_WORDS, copy_blocks
 from tests.engine.triton_interpreter import run_interpreted
-from tests.kv_transfer.block_copy_checks import check_copy_blocks, check_nothing_to_copy
+from tests.kv_transfer.block_copy_checks import check_compile_for, check_copy_blocks, check_nothing_to_copy
 
 QWEN3_8B_ROW_WORDS = 36 * 2 * 16 * 8 * 128 * 2 // 8  # one 16-token block of Qwen3-8B's bf16 KV, in 8-byte words
 
@@ -52,3 +52,4 @@ def test_launcher_refuses_other_dtypes_and_strided_rows() -> None:
 def test_kernel_copies_exact_bytes_on_the_gpu(row_words: int, dtype: torch.dtype) -> None:
     check_copy_blocks(row_words, dtype, "cuda", seed=7, num_blocks=24)
     check_nothing_to_copy("cuda")
+    check_compile_for("cuda")
