@@ -19,6 +19,15 @@ _POLL_S = 50e-6
 _CHECK_EVERY_S = 0.01
 
 
+class Sending(ABC):
+    """A send queued by `PairGroup.send`."""
+
+    @abstractmethod
+    def wait_sent(self) -> None:
+        """Make the work queued from now on on the current stream wait until the tensor has gone (a group of host
+        tensors waits on the calling thread): only then may the tensor be overwritten."""
+
+
 class Receiving(ABC):
     """A receive queued by `PairGroup.recv`."""
 
@@ -32,9 +41,9 @@ class PairGroup(ABC):
     """Sends and receives match in the order they are queued: the receiver queues one receive per send."""
 
     @abstractmethod
-    def send(self, tensor: torch.Tensor) -> None:
-        """Queue sending `tensor` to the receiver, after the work queued so far on the current stream; the tensor
-        stays untouched until the receiver has it."""
+    def send(self, tensor: torch.Tensor) -> Sending:
+        """Queue sending `tensor` to the receiver, after the work queued so far on the current stream; nothing may
+        write the tensor until the send is done (`Sending.wait_sent`)."""
 
     @abstractmethod
     def recv(self, tensor: torch.Tensor) -> Receiving:
@@ -67,6 +76,14 @@ def wait_until(done: Callable[[], bool], keep_waiting: KeepWaiting) -> None:
         time.sleep(_POLL_S)
 
 
+class _StreamWork(Sending):
+    def __init__(self, work: dist.Work) -> None:
+        self._work = work
+
+    def wait_sent(self) -> None:
+        self._work.wait()  # NOTE: for NCCL, the current stream waits for NCCL's; the calling thread goes on
+
+
 class _PolledWork(Receiving):
     """NOTE: polled rather than waited on, so that a dead sender cannot hold the receiver's thread (or its copy
     stream, which never depends on NCCL's) past the reservation's lease."""
@@ -91,8 +108,8 @@ class NcclPairGroup(PairGroup):
         self._group = cast(_PointToPoint, ProcessGroupNCCL(store, rank, 2, ProcessGroupNCCL.Options()))
         self._peer = 1 - rank
 
-    def send(self, tensor: torch.Tensor) -> None:
-        self._group.send([tensor], self._peer, 0)
+    def send(self, tensor: torch.Tensor) -> Sending:
+        return _StreamWork(self._group.send([tensor], self._peer, 0))
 
     def recv(self, tensor: torch.Tensor) -> Receiving:
         return _PolledWork(self._group.recv([tensor], self._peer, 0))

@@ -9,7 +9,15 @@ import torch.distributed as dist
 
 from kv_transfer.control.frames import KeepWaiting
 from kv_transfer.nccl import NcclReceiver, NcclSender, PairGroup
-from kv_transfer.nccl.pair_group import Receiving
+from kv_transfer.nccl.pair_group import Receiving, Sending
+
+
+class _GlooSending(Sending):
+    def __init__(self, work: dist.Work) -> None:
+        self._work = work
+
+    def wait_sent(self) -> None:
+        self._work.wait()
 
 
 class _GlooReceiving(Receiving):
@@ -26,8 +34,9 @@ class GlooPairGroup(PairGroup):
         self._peer = 1 - rank
         self._sends: list[dist.Work] = []  # gloo sends progress only while their work is alive
 
-    def send(self, tensor: torch.Tensor) -> None:
+    def send(self, tensor: torch.Tensor) -> Sending:
         self._sends.append(self._group.send([tensor], self._peer, 0))
+        return _GlooSending(self._sends[-1])
 
     def recv(self, tensor: torch.Tensor) -> Receiving:
         return _GlooReceiving(self._group.recv([tensor], self._peer, 0))

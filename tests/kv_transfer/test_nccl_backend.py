@@ -59,20 +59,25 @@ def test_a_chunk_is_cut_into_pieces_of_whole_blocks() -> None:
         piece_blocks(0, 4096)
 
 
-def test_a_chunk_of_several_pieces_lands_bit_exact(
+def test_chunks_of_several_pieces_land_bit_exact_through_the_staging_ring(
     pair: tuple[GlooNcclSender, GlooNcclReceiver], dst: torch.Tensor, make_pool: PoolMaker
 ) -> None:
     sender, receiver = pair
-    src_ids, dst_ids = [6, 1, 4, 0, 7], [3, 7, 0, 5, 2]  # pieces of 2, 2 and 1 blocks
-    before = dst.clone()
-    receiver.expect("t1", dst_ids, lease_s=5.0)
+    src = make_pool(8, seed=1)
+    # 5 + 2 pieces of at most 2 blocks per transfer, more than the sender's ring of 4 staging pieces holds
+    for transfer_id, src_ids in (("t1", [6, 1, 4, 0, 7, 2, 3, 5]), ("t2", [0, 1, 2, 3, 4, 5, 6, 7])):
+        dst_ids = [3, 7, 0, 5, 2, 1, 4, 6]
+        receiver.expect(transfer_id, dst_ids, lease_s=5.0)
 
-    sender.send("t1", receiver.endpoint, receiver.layout, src_ids, dst_ids, last=True)
+        chunks = [(src_ids[:5], dst_ids[:5]), (src_ids[5:], dst_ids[5:])]
+        for i, (src_chunk, dst_chunk) in enumerate(chunks):
+            sender.send(transfer_id, receiver.endpoint, receiver.layout, src_chunk, dst_chunk, last=i == 1)
 
-    assert sender.wait("t1", 5.0) is S.DONE
-    want = before.clone()
-    want[dst_ids] = make_pool(8, seed=1)[src_ids]
-    assert torch.equal(dst, want)
+        assert sender.wait(transfer_id, 5.0) is S.DONE
+        receiver.claim(transfer_id)
+        want = torch.empty_like(src)
+        want[dst_ids] = src[src_ids]
+        assert torch.equal(dst, want)
 
 
 @pytest.mark.parametrize("field", [None, 0, "2", True])
