@@ -23,9 +23,8 @@ TILE_WORDS = 4096
 _NUM_WARPS = 8
 
 
-# NOTE: one compiled kernel for every pool of a dtype whose rows are a multiple of 16 words (every real KV block):
-# `row_words` stays specialized (its divisibility lets the loads be 16 bytes wide), `num_tiles` does not, so a first
-# chunk in a fresh process compiles once, not once per row length.
+# NOTE: `row_words` stays specialized (its divisibility by 16 lets the loads be 16 bytes wide); `num_tiles` is not
+# (a one-tile row would compile a variant of its own).
 @triton.jit(do_not_specialize=["num_tiles"])
 def _copy_blocks_kernel(src, dst, src_ids, dst_ids, row_words, num_tiles, TILE: tl.constexpr):
     pid = tl.program_id(0)
@@ -73,9 +72,8 @@ def copy_blocks(
 
 
 def compile_for(rows: torch.Tensor) -> None:
-    """Compile the kernel for `rows`' dtype on its device now, on a scratch copy, so that the first chunk does not
-    wait for Triton (about a second on a fresh machine). Rows whose length is not a multiple of 16 words compile
-    once more at their first chunk."""
-    scratch = torch.zeros((2, 16), dtype=rows.dtype, device=rows.device)
+    """Compile the kernel for `rows` (their dtype and length, on their device) now, on two scratch rows, so that the
+    first chunk does not wait for Triton (about a second on a fresh machine)."""
+    scratch = torch.zeros((2, rows.shape[1]), dtype=rows.dtype, device=rows.device)
     ids = torch.tensor([0], dtype=torch.int64, device=rows.device)
     copy_blocks(scratch, ids, scratch, ids + 1)
