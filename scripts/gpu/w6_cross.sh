@@ -2,9 +2,9 @@
 # W6 across two GPUs (issue 30, acceptance item 4) on nvidia-h100-x2 or nvidia-h200-x2: the Qwen3-8B KV (bf16, block
 # of 16 tokens = 2.36 MB) from GPU0 to GPU1 over cuda_ipc (the receiver's block-copy kernel reads the sender's pool
 # over NVLink) and over nccl (~32 MB pieces, gather / send / scatter overlapped), at 4,096 and 32,768 tokens, one
-# transfer and 8 at once; cuda_ipc on one GPU at 4,096 tokens for reference; then the kv_transfer GPU tests (-m gpu:
-# the copy kernel's exact bytes, contract, endings, two processes across both GPUs). About 4 minutes (BUDGET_S,
-# default 270, caps the steps).
+# transfer and 8 at once; then the kv_transfer GPU tests (-m gpu: the copy kernel's exact bytes, contract, endings,
+# two processes across both GPUs); last, cuda_ipc on one GPU at 4,096 tokens for reference. About 4 minutes
+# (BUDGET_S, default 270, caps the steps).
 #   results: $OUT/w6_*.json (bench.kv_transfer.w6's figures), $OUT/pytest_gpu.xml, logs in $OUT/logs,
 #   $OUT/env.txt (GPUs, NVLink topology, torch/NCCL), $OUT/summary.txt (steps, then GB/s against the targets:
 #   4k tokens GPU0 -> GPU1, cuda_ipc >= 350 GB/s, nccl >= 300 GB/s)
@@ -30,11 +30,11 @@ W6=(python3 -m bench --workload w6 --iters 10 --warmup 2)
 CROSS=(--sender-device cuda:0 --receiver-device cuda:1 --tokens 4096,32768 --concurrency 1,8)
 step w6_cuda_ipc_cross 75 "${W6[@]}" --kv-transfer-backend cuda_ipc "${CROSS[@]}" --json "$OUT/w6_cuda_ipc_cross.json"
 step w6_nccl_cross 75 "${W6[@]}" --kv-transfer-backend nccl "${CROSS[@]}" --json "$OUT/w6_nccl_cross.json"
-step w6_cuda_ipc_same 45 "${W6[@]}" --kv-transfer-backend cuda_ipc --sender-device cuda:0 --receiver-device cuda:0 \
-  --tokens 4096 --iters 20 --warmup 3 --json "$OUT/w6_cuda_ipc_same.json"
 step pytest_gpu 150 python3 -m pytest -q -m gpu -o addopts="" --import-mode=importlib -p no:cacheprovider -rfEs \
   --durations=10 --junitxml="$OUT/pytest_gpu.xml" tests/kv_transfer
 tail -1 "$LOGS/pytest_gpu.log" 2>/dev/null | sed 's/^/pytest_gpu: /' >>"$SUMMARY"
+step w6_cuda_ipc_same 45 "${W6[@]}" --kv-transfer-backend cuda_ipc --sender-device cuda:0 --receiver-device cuda:0 \
+  --tokens 4096 --iters 20 --warmup 3 --json "$OUT/w6_cuda_ipc_same.json"
 
 python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
 import json, pathlib, sys
