@@ -86,11 +86,19 @@ class SenderSetup:
 
 
 @dataclass(frozen=True, slots=True)
-class TransferOrder:
+class Transfer:
     transfer_id: str
+    chunks: list[tuple[list[int], list[int]]]
+    """(source ids, destination ids) per chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferOrder:
+    """Transfers to run at once, timed together."""
+
     endpoint: str
     layout: KVLayout
-    chunks: list[tuple[list[int], list[int]]]
+    transfers: list[Transfer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +113,24 @@ class Timing:
     error: str
 
 
-def _timed_transfer(sender: KVSender, order: TransferOrder, devices: Sequence[torch.device]) -> Timing:
+def _timed_transfers(sender: KVSender, order: TransferOrder, devices: Sequence[torch.device]) -> Timing:
+    """Send the order's transfers chunk by chunk in turn (each transfer's first chunk, then each one's second, ...),
+    as a prefill pod ships the chunks of the prompts it computes together; timed from the first send to the last
+    transfer's end."""
     synchronize(devices)
     start = time.perf_counter()
-    for i, (src_ids, dst_ids) in enumerate(order.chunks):
-        sender.send(order.transfer_id, order.endpoint, order.layout, src_ids, dst_ids, last=i == len(order.chunks) - 1)
-    state = sender.wait(order.transfer_id, LEASE_S)
+    for k in range(max(len(transfer.chunks) for transfer in order.transfers)):
+        for transfer in order.transfers:
+            if k < len(transfer.chunks):
+                src_ids, dst_ids = transfer.chunks[k]
+                last = k == len(transfer.chunks) - 1
+                sender.send(transfer.transfer_id, order.endpoint, order.layout, src_ids, dst_ids, last=last)
+    states = [sender.wait(transfer.transfer_id, LEASE_S) for transfer in order.transfers]
     seconds = time.perf_counter() - start
-    return Timing(state, seconds, str(sender.stats(order.transfer_id).error or ""))
+    errors = [str(sender.stats(transfer.transfer_id).error or "") for transfer in order.transfers]
+    failed = [(state, error) for state, error in zip(states, errors, strict=True) if state is not TransferState.DONE]
+    state, error = failed[0] if failed else (TransferState.DONE, "")
+    return Timing(state, seconds, error)
 
 
 def _sender_main(conn: Connection, setup: SenderSetup, parent_pid: int) -> None:
@@ -130,7 +148,7 @@ def _sender_main(conn: Connection, setup: SenderSetup, parent_pid: int) -> None:
             if isinstance(order, ChecksumOrder):
                 conn.send([block_checksums(rank_words, order.block_ids) for rank_words in words])
             else:
-                conn.send(_timed_transfer(sender, order, devices))
+                conn.send(_timed_transfers(sender, order, devices))
 
 
 class SenderProcess:

@@ -2,12 +2,14 @@
 
 The sender (the prefill side, `bench.kv_transfer.sender`) runs in a spawned child over a pool of random bits; the
 receiver (the decode side) runs here. Each transfer ships whole blocks, chunk by chunk as a prefill pod does
-(`--chunk-tokens`), between shuffled block ids. With `--tensor-parallel-size N`, both sides are a TP=N pod: N pools of
+(`--chunk-tokens`), between shuffled block ids. With `--concurrency N`, N transfers of the size run at once, each
+its own id and blocks, their chunks sent in turn; they are timed together (first send to the last one's last ack)
+and the bytes counted are all of theirs. With `--tensor-parallel-size N`, both sides are a TP=N pod: N pools of
 1/N of the KV heads each, rank r's on the devices' index + r, N transfers at once under one id; the bytes counted are
-all ranks'. Per size: warm-up transfers, then `--iters` timed ones, each timed in the sender from its first
-`send` to the ack of the last chunk; reported as the payload bytes, effective GB/s (bytes over the median time),
-p50/p99 of the time, and a bit-exact check of every block of the last transfer (the receiver's blocks are poisoned
-before each one; both sides checksum their blocks, and every checksum must match).
+all ranks'. Per size and concurrency: warm-up transfers, then `--iters` timed ones, each timed in the sender from
+its first `send` to the ack of the last chunk; reported as the payload bytes, effective GB/s (bytes over the median
+time), p50/p99 of the time, and a bit-exact check of every block of the last transfer(s) (the receiver's blocks are
+poisoned before each one; both sides checksum their blocks, and every checksum must match).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from bench.kv_transfer.sender import (
     SenderProcess,
     SenderSetup,
     Timing,
+    Transfer,
     TransferOrder,
     block_checksums,
     device_name,
@@ -49,13 +52,13 @@ DEFAULT_DEVICES = {"tcp": ("cpu", "cpu"), "cuda_ipc": ("cuda:0", "cuda:0"), "ncc
 POISON_BYTE = 0x5A
 
 
-def _token_counts(text: str) -> list[int]:
+def _counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts, got {text!r}") from None
     if not counts or min(counts) <= 0:
-        raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"counts must be positive, got {text!r}")
     return counts
 
 
@@ -63,7 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """W6's flags."""
     parser.add_argument("--kv-transfer-backend", choices=BACKENDS, default="tcp", help="the backend to measure")
     parser.add_argument(
-        "--tokens", type=_token_counts, default=[512, 2048, 4096, 8192, 32768], help="comma-separated prompt lengths"
+        "--tokens", type=_counts, default=[512, 2048, 4096, 8192, 32768], help="comma-separated prompt lengths"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_counts,
+        default=[1],
+        help="comma-separated numbers of transfers at once per size (each its own id and blocks; GB/s of them all)",
     )
     parser.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), default="qwen3-8b", help="KV layout source")
     parser.add_argument("--dtype", default="bfloat16", help="KV dtype")
@@ -104,39 +113,47 @@ def _measure_size(
     receiver_words: list[torch.Tensor],
     receiver: KVReceiver,
     tokens: int,
+    concurrency: int,
     args: argparse.Namespace,
     generator: torch.Generator,
 ) -> dict[str, Any]:
-    """One size; `receiver_words`: each rank's pool as words."""
+    """One size, `concurrency` transfers at once (each of its own blocks on both sides); `receiver_words`: each
+    rank's pool as words."""
     layout = receiver.layout
     num_blocks = math.ceil(tokens / layout.block_size)
     pool_blocks = receiver_words[0].shape[0]
-    src_ids = torch.randperm(pool_blocks, generator=generator)[:num_blocks].tolist()
-    dst_ids = torch.randperm(pool_blocks, generator=generator)[:num_blocks].tolist()
+    num_moved = num_blocks * concurrency
+    src_ids = torch.randperm(pool_blocks, generator=generator)[:num_moved].tolist()
+    dst_ids = torch.randperm(pool_blocks, generator=generator)[:num_moved].tolist()
     chunk_blocks = math.ceil(args.chunk_tokens / layout.block_size) if args.chunk_tokens > 0 else num_blocks
-    chunks = _chunks(src_ids, dst_ids, chunk_blocks)
+    shares = [slice(j * num_blocks, (j + 1) * num_blocks) for j in range(concurrency)]
+    chunks = [_chunks(src_ids[share], dst_ids[share], chunk_blocks) for share in shares]
     poison = int.from_bytes(bytes([POISON_BYTE]) * receiver_words[0].element_size(), "little", signed=True)
     seconds: list[float] = []
     for i in range(args.warmup + args.iters):
-        transfer_id = f"w6-{tokens}-{i}"
+        transfers = [Transfer(f"w6-{tokens}x{concurrency}-{i}-{j}", chunks[j]) for j in range(concurrency)]
         for words in receiver_words:
             words.index_fill_(0, block_index(dst_ids, words.device), poison)
         synchronize([words.device for words in receiver_words])
-        receiver.expect(transfer_id, dst_ids, LEASE_S)
-        timing: Timing = sender.ask(TransferOrder(transfer_id, receiver.endpoint, layout, chunks))
-        if timing.state is not TransferState.DONE or receiver.wait(transfer_id, LEASE_S) is not TransferState.DONE:
-            raise RuntimeError(f"W6 transfer {transfer_id} ended {timing.state.value}: {timing.error}")
-        receiver.claim(transfer_id)
+        for transfer, share in zip(transfers, shares, strict=True):
+            receiver.expect(transfer.transfer_id, dst_ids[share], LEASE_S)
+        timing: Timing = sender.ask(TransferOrder(receiver.endpoint, layout, transfers))
+        for transfer in transfers:
+            state = receiver.wait(transfer.transfer_id, LEASE_S)
+            if timing.state is not TransferState.DONE or state is not TransferState.DONE:
+                raise RuntimeError(f"W6 transfer {transfer.transfer_id} ended {timing.state.value}: {timing.error}")
+            receiver.claim(transfer.transfer_id)
         if i >= args.warmup:
             seconds.append(timing.seconds)
     sent = [value for rank in sender.ask(ChecksumOrder(src_ids)) for value in rank]
     received = [value for words in receiver_words for value in block_checksums(words, dst_ids)]
-    num_bytes = num_blocks * layout.block_nbytes * layout.tp_size
+    num_bytes = num_moved * layout.block_nbytes * layout.tp_size
     p50 = percentile(seconds, 50)
     return {
         "tokens": tokens,
+        "concurrency": concurrency,
         "num_blocks": num_blocks,
-        "num_chunks": len(chunks),
+        "num_chunks": len(chunks[0]),
         "bytes": num_bytes,
         "gb_per_s": num_bytes / p50 / 1e9,
         "latency_ms_p50": p50 * 1e3,
@@ -157,7 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = model_layout(args.model_shape, args.dtype, args.block_size)
     layouts = rank_layouts(layout, args.tensor_parallel_size)
     sizes = sorted(args.tokens)
-    pool_blocks = math.ceil(sizes[-1] / layout.block_size)
+    concurrencies = sorted(args.concurrency)
+    pool_blocks = math.ceil(sizes[-1] / layout.block_size) * concurrencies[-1]
     views = rank_views(layouts, pool_blocks, receiver_device)
     words = [pool_words(view.pool) for view in views]
     generator = torch.Generator().manual_seed(args.seed)
@@ -165,9 +183,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with make_pod_receiver(backend, views) as receiver:
         sender = SenderProcess(SenderSetup(backend, layouts, pool_blocks, sender_device, args.seed))
         try:
-            for tokens in tqdm(sizes, desc=f"W6 kv-transfer over {backend}", unit="size"):
-                results.append(_measure_size(sender, words, receiver, tokens, args, generator))
-                logger.info("W6 %s %d tokens: %s", backend, tokens, results[-1])
+            cases = [(tokens, concurrency) for tokens in sizes for concurrency in concurrencies]
+            for tokens, concurrency in tqdm(cases, desc=f"W6 kv-transfer over {backend}", unit="case"):
+                results.append(_measure_size(sender, words, receiver, tokens, concurrency, args, generator))
+                logger.info("W6 %s %d tokens x %d: %s", backend, tokens, concurrency, results[-1])
         finally:
             sender.close()
     limits = _receiver_limits(receiver_device)
@@ -185,6 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "block_nbytes": layout.block_nbytes,
         "kv_bytes_per_token": layout.block_nbytes // layout.block_size,
         "chunk_tokens": args.chunk_tokens,
+        "concurrency": concurrencies,
         "iters": args.iters,
         "warmup": args.warmup,
         "sender_device": sender_device,

@@ -11,9 +11,11 @@ The control plane is the socket backends' (`kv_transfer.tcp`); only the bytes ta
    process that exported it, so the receiver takes the registered tensor itself.
 3. per chunk: `send` records a CUDA event on the caller's current stream (after the engine step that wrote the
    blocks) and returns; the connection's writer waits for that event, then sends a CHUNK frame naming source and
-   destination block ids, with no payload. The receiver checks the ids (source ids against the mapped pool), gathers
-   the source rows and scatters them into the reserved blocks, one index_select and one index_copy_ on its own
-   stream, waits for them, and acks: no host copy, whole blocks as 8-byte words.
+   destination block ids, with no payload. The receiver checks the ids (source ids against the mapped pool), copies
+   each source row straight into its reserved block in one kernel on its own stream (`kv_transfer.block_copy`: every
+   byte read once, over NVLink when the pool is on the other GPU, and written once), waits for it, and acks: no host
+   copy, no temporary, whole blocks as 8-byte words. (A host pool, or a colocated sender's pool on another device of
+   the receiver's own process, is gathered then scattered by torch.)
 4. ends: as for every backend (`kv_transfer.base`): the source blocks stay pinned until `on_finished`; a chunk of an
    aborted, expired or unknown transfer is refused before anything is copied. The mapping lives while a connection
    from that sender does (the prefill pool, the engine's KV cache, outlives them).

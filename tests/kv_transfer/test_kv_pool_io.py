@@ -68,6 +68,7 @@ def test_index_uploader_returns_each_list_and_reuses_its_buffer(device: str) -> 
     src, dst = uploader.upload([7, 3, 5], [0, 1])
     assert src.tolist() == [7, 3, 5] and dst.tolist() == [0, 1]
     assert src.dtype == torch.long and src.device.type == device
+    assert dst.data_ptr() - src.data_ptr() == 4 * 8  # the second list starts 16-byte aligned after 3 ids
     (again,) = uploader.upload(list(range(20)))
     assert again.tolist() == list(range(20))
     (shorter,) = uploader.upload([])

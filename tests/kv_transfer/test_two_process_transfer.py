@@ -1,6 +1,7 @@
 """Two processes, as the pods run them: the sender in a spawned child, the receiver here. Per backend: bytes checked
 bit for bit, the ends (abort, lease lapse) and the layout check of the handshake. tcp runs everywhere; cuda_ipc
-needs a GPU (both sides on it: the receiver maps the child's pool), nccl two (child on the first)."""
+needs a GPU (both sides on it: the receiver maps the child's pool) and runs across two as well, nccl needs two (child
+on the first)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class Pair:
     params=[
         pytest.param(("tcp", "cpu", "cpu"), marks=pytest.mark.slow, id="tcp"),  # the child's start: ~3 s of CPU
         pytest.param(("cuda_ipc", "cuda:0", "cuda:0"), marks=pytest.mark.gpu, id="cuda_ipc"),
+        # NOTE: the receiver's copy kernel reads the child's pool on the other GPU over peer access
+        pytest.param(("cuda_ipc", "cuda:0", "cuda:1"), marks=[pytest.mark.gpu, needs_two_gpus], id="cuda_ipc_2gpu"),
         pytest.param(("nccl", "cuda:0", "cuda:1"), marks=[pytest.mark.gpu, needs_two_gpus], id="nccl"),
     ],
 )
