@@ -1,7 +1,8 @@
 """The MoE layer at decode sizes on Qwen3-30B-A3B's shapes (128 experts, top 8, hidden 2048, intermediate 768; bf16):
-router + routing + experts per layer, `triton_decode`'s GEMVs against the sorted grouped GEMMs (`triton_moe`), and
-the GEMV tiles at batch 1. Timed as CUDA-graph replays of several layers' weights in turn (so the L2 never holds the
-layer being read), reported per layer and as the routed experts' weight bytes over that time.
+router + routing + experts per layer, the Triton routing (`triton_moe.moe`) against torch's (softmax, top-k,
+renormalization: `routing.select_experts`) before the same experts. Timed as CUDA-graph replays of several layers'
+weights in turn (so the L2 never holds the layer being read), reported per layer and as the routed experts' weight
+bytes over that time.
 
 python3 -m bench.kernels.moe --out $OUT     (writes bench_moe.json; GPU only)
 """
@@ -9,8 +10,6 @@ python3 -m bench.kernels.moe --out $OUT     (writes bench_moe.json; GPU only)
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,6 @@ import triton
 
 from engine.layers.moe import torch_moe, triton_moe
 from engine.layers.moe.routing import select_experts
-from engine.layers.moe.triton_decode import DecodeTiles, moe_decode
 from engine.layers.triton_gemv import linear
 from engine.tuning.limits import measure_limits
 
@@ -45,15 +43,12 @@ def _layers() -> list[Layer]:
     ]
 
 
-def _decode(tiles: DecodeTiles) -> MoEPath:
-    def run(x: torch.Tensor, layer: Layer) -> torch.Tensor:
-        gate, w13, w2 = layer
-        return moe_decode(x, linear(x, gate, None), w13, w2, TOP_K, True, 0, tiles=tiles)
-
-    return run
+def _triton_routing(x: torch.Tensor, layer: Layer) -> torch.Tensor:
+    gate, w13, w2 = layer
+    return triton_moe.moe(x, linear(x, gate, None), w13, w2, TOP_K, True, 0)
 
 
-def _sorted(x: torch.Tensor, layer: Layer) -> torch.Tensor:
+def _torch_routing(x: torch.Tensor, layer: Layer) -> torch.Tensor:
     gate, w13, w2 = layer
     return triton_moe.fused_moe(x, w13, w2, *select_experts(linear(x, gate, None), TOP_K, True), 0)
 
@@ -91,20 +86,11 @@ def main() -> None:
     for num_tokens in [int(t) for t in args.tokens.split(",")]:
         x = torch.randn(num_tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
         routed = min(NUM_EXPERTS, num_tokens * TOP_K) * expert_bytes
-        for name, path in (("decode", _decode(DecodeTiles())), ("sorted", _sorted)):
+        for name, path in (("triton routing", _triton_routing), ("torch routing", _torch_routing)):
             us = time_layer_us(path, x, layers)
             row = {"us_per_layer": us, "expert_gb_s_at_most": routed / us / 1e3, "rel_err": _error(path, x, layers[0])}
             result["paths"][f"{name} T={num_tokens}"] = row
             print(name, num_tokens, json.dumps(row), flush=True)
-    x = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    sweep = []
-    shapes = itertools.product((16, 32, 64), (16, 32), (64, 128, 256), (3, 4, 5))
-    for gate_up_cols, down_cols, block_k, stages in shapes:
-        tiles = DecodeTiles(gate_up_cols, down_cols, block_k, num_warps=4, num_stages=stages)
-        us = time_layer_us(_decode(tiles), x, layers)
-        sweep.append(dataclasses.asdict(tiles) | {"us_per_layer": us})
-        print("tiles", json.dumps(sweep[-1]), flush=True)
-    result["batch1_tiles"] = sorted(sweep, key=lambda row: row["us_per_layer"])
     (args.out / "bench_moe.json").write_text(json.dumps(result, indent=1))
 
 

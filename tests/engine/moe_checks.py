@@ -1,15 +1,13 @@
-"""What the MoE layer must satisfy on any device: the Triton kernels (`engine.layers.moe.triton_moe`: the sorted
-grouped GEMMs, and `triton_decode`'s GEMVs through `triton_moe.moe`) against the torch reference
-(`engine.layers.moe.torch_moe`); `run_interpreted_checks` runs small float32 cases in Triton's interpreter,
-tests/engine/test_moe_gpu.py the real shapes on the GPU."""
+"""What the MoE layer must satisfy on any device: the Triton kernels (`engine.layers.moe.triton_moe`, the routing of
+`triton_routing`) against the torch reference (`engine.layers.moe.torch_moe`, `routing`); `run_interpreted_checks`
+runs small float32 cases in Triton's interpreter, tests/engine/test_moe_gpu.py the real shapes on the GPU."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.layers.moe import torch_moe, triton_moe
+from engine.layers.moe import torch_moe, triton_moe, triton_routing
 from engine.layers.moe.routing import select_experts
-from engine.layers.moe.triton_decode import DecodeTiles, moe_decode
 
 
 def make_case(
@@ -67,11 +65,9 @@ def check_moe(
     device: str,
     num_ranks: int = 1,
     renormalize: bool = True,
-    tiles: DecodeTiles | None = None,
 ) -> None:
-    """The whole layer from router logits: `triton_moe.moe` (or, with `tiles`, `triton_decode.moe_decode` with those
-    tiles) == `torch_moe.moe` in float32, with the tolerances of `check_fused_moe`; expert-parallel parts sum to the
-    whole."""
+    """The whole layer from router logits: `triton_moe.moe` == `torch_moe.moe` in float32, with the tolerances of
+    `check_fused_moe`; expert-parallel parts sum to the whole."""
     gen = torch.Generator(device).manual_seed(num_tokens * 1000 + num_experts + 1)
     x, w13, w2, _, _ = make_case(num_tokens, num_experts, top_k, hidden, intermediate, dtype, device)
     logits = torch.randn(num_tokens, num_experts, generator=gen, device=device).to(dtype)
@@ -80,8 +76,7 @@ def check_moe(
     parts = []
     for r in range(num_ranks):
         experts = slice(r * per_rank, (r + 1) * per_rank)
-        args = (x, logits, w13[experts], w2[experts], top_k, renormalize, r * per_rank)
-        parts.append(triton_moe.moe(*args) if tiles is None else moe_decode(*args, tiles=tiles))
+        parts.append(triton_moe.moe(x, logits, w13[experts], w2[experts], top_k, renormalize, r * per_rank))
     actual = torch.stack(parts).float().sum(0)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     error = (actual - expected).norm() / expected.norm()
@@ -100,23 +95,39 @@ INTERPRETED_CASES = [
 ]
 
 
-DECODE_CASES = [
-    # (T, E, k, H, I, ranks, renormalize, tiles) through `triton_moe.moe`'s GEMV path or (tiles) moe_decode itself:
-    # batch 1 with k = 8 of 16 experts and of 6 (k not a power of two, E neither), 4 tokens (16 pairs), two and four
-    # expert-parallel ranks, no renormalization, hidden and intermediate sizes that no tile divides (masked
-    # columns, partial row tiles), and wide tiles at batch 1.
-    (1, 16, 8, 64, 32, 1, True, None),
-    (1, 6, 3, 64, 32, 1, True, None),
-    (4, 8, 4, 64, 48, 2, False, None),
-    (2, 16, 8, 40, 24, 4, True, None),
-    (1, 8, 2, 96, 40, 1, True, DecodeTiles(gate_up_cols=16, down_cols=32, block_k=32, num_stages=2)),
+def check_routing(num_tokens: int, num_experts: int, top_k: int, renormalize: bool, device: str, ties: bool) -> None:
+    """`triton_routing.select_experts`: the k largest logits, ties to the lower expert id (a stable sort's first k),
+    weighted by their softmax probabilities (within 1e-6); without ties also exactly `routing.select_experts`'s ids.
+    With `ties`, logits rounded to quarters, so that many tie (torch's top-k promises no order among ties)."""
+    gen = torch.Generator(device).manual_seed(num_tokens + num_experts)
+    logits = torch.randn(num_tokens, num_experts, generator=gen, device=device)
+    if ties:
+        logits = torch.round(logits * 4) / 4
+    weights, ids = triton_routing.select_experts(logits, top_k, renormalize)
+    expected_ids = torch.sort(-logits, dim=-1, stable=True).indices[:, :top_k]
+    expected_weights = torch.softmax(logits, dim=-1).gather(1, expected_ids)
+    if renormalize:
+        expected_weights = expected_weights / expected_weights.sum(dim=-1, keepdim=True)
+    assert torch.equal(ids.long(), expected_ids)
+    assert torch.allclose(weights, expected_weights, rtol=0, atol=1e-6)
+    if not ties:
+        assert torch.equal(ids.long(), select_experts(logits, top_k, renormalize)[1])
+
+
+LAYER_CASES = [
+    # (T, E, k, H, I, ranks, renormalize) through `triton_moe.moe`: batch 1 with k = 8 of 16 experts and 3 of 6 (k
+    # and E not powers of two), 4 tokens over two expert-parallel ranks without renormalization, 9 tokens (sorted).
+    (1, 16, 8, 64, 32, 1, True),
+    (1, 6, 3, 64, 32, 1, True),
+    (4, 8, 4, 64, 48, 2, False),
+    (9, 8, 2, 64, 32, 2, True),
 ]
 
 
 def run_interpreted_checks() -> None:
     for case in INTERPRETED_CASES:
         check_fused_moe(*case[:5], torch.float32, "cpu", num_ranks=case[5])
-    for t, e, k, h, i, ranks, renormalize, tiles in DECODE_CASES:
-        check_moe(t, e, k, h, i, torch.float32, "cpu", ranks, renormalize, tiles)
-    # More than DECODE_MAX_PAIRS pairs: the layer sorts them.
-    check_moe(9, 8, 2, 64, 32, torch.float32, "cpu", num_ranks=2)
+    for t, e, k, h, i, ranks, renormalize in LAYER_CASES:
+        check_moe(t, e, k, h, i, torch.float32, "cpu", ranks, renormalize)
+    check_routing(40, 128, 8, True, "cpu", ties=True)
+    check_routing(40, 6, 3, False, "cpu", ties=True)

@@ -1,8 +1,8 @@
 """The Triton MoE kernels on the GPU against the torch reference, at Qwen3-30B-A3B's expert shapes (128 experts, top
 8, hidden 2048, intermediate 768) and Mixtral-8x7B's (8 experts, top 2, 4096, 14336), from batch 1 to prefill sizes,
-with expert parallelism over 2 and 4 ranks, the sorted grouped GEMMs and the whole layer from router logits (the
-decode GEMVs up to 16 pairs); captured CUDA graphs replay what eager calls compute; and the tiny MoE models through
-the engine on the GPU are greedy token-identical to transformers."""
+with expert parallelism over 2 and 4 ranks, and the whole layer from router logits (the Triton routing); captured CUDA
+graphs replay what eager calls compute; and the tiny MoE models through the engine on the GPU are greedy
+token-identical to transformers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from engine.layers.moe import triton_moe
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
 from tests.engine.model_factory import NEW_TOKENS, hf_greedy, make_prompts, save_tiny_model
-from tests.engine.moe_checks import check_fused_moe, check_moe, make_case
+from tests.engine.moe_checks import check_fused_moe, check_moe, check_routing, make_case
 from tests.engine.quant_support import greedy
 
 QWEN3_30B_A3B = (128, 8, 2048, 768)
@@ -50,6 +50,12 @@ def test_qwen3_30b_a3b_layer_from_logits_matches_reference(num_tokens: int, dtyp
 @pytest.mark.parametrize("num_tokens", [1, 8, 9])
 def test_mixtral_layer_from_logits_matches_reference(num_tokens: int) -> None:
     check_moe(num_tokens, *MIXTRAL_8X7B, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 2048])
+def test_routing_matches_torch(num_tokens: int) -> None:
+    check_routing(num_tokens, 128, 8, True, "cuda", ties=False)
 
 
 @pytest.mark.gpu

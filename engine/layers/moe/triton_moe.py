@@ -1,6 +1,6 @@
 # mypy: allow-untyped-defs, disable-error-code="import-untyped,import-not-found"
-"""The MoE layer on CUDA: `moe` routes a few tokens' pairs through `triton_decode` (routing and the k pairs' sum in
-the GEMV launches) and more through two grouped GEMMs over the pairs `align.align_by_expert` sorted by expert:
+"""The expert computation as two grouped GEMMs in Triton, over the pairs `align.align_by_expert` sorted by expert (or,
+for a handful of pairs, one pair per block, read from the routing directly).
 
 1. `_gate_up_kernel`: for each block of one expert's pairs and a tile of the intermediate columns, the gate and up
    tiles of `x @ w13[e]^T` side by side, then silu(gate) * up -> act [pairs, I].
@@ -8,7 +8,8 @@ the GEMV launches) and more through two grouped GEMMs over the pairs `align.alig
    ranks stay zero).
 3. The k pairs of each token summed in float32 -> [T, H].
 
-Same semantics as `torch_moe`; no host sync, so the whole layer is captured in decode CUDA graphs.
+Same semantics as `torch_moe.fused_moe`; no host sync, so the whole layer is captured in decode CUDA graphs. `moe`
+routes first (`triton_routing`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.layers.moe import triton_routing
 from engine.layers.moe.align import align_by_expert
-from engine.layers.moe.routing import select_experts
-from engine.layers.moe.triton_decode import moe_decode
-
-DECODE_MAX_PAIRS = 16
-"""Up to this many (token, expert) pairs run `triton_decode`'s GEMVs, more the sorted grouped GEMMs."""
 
 
 @triton.jit
@@ -32,6 +29,8 @@ def _gate_up_kernel(
     act_ptr,
     sorted_pair_ids_ptr,
     block_expert_ids_ptr,
+    first_expert,
+    num_local_experts,
     num_pairs,
     top_k,
     hidden_size,
@@ -45,12 +44,16 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAIR_PER_BLOCK: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32)
-    if expert < 0:  # a block past the last expert's run
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32) - first_expert
+    if (expert < 0) | (expert >= num_local_experts):
         return
-    pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if PAIR_PER_BLOCK:
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+    else:
+        pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_mask = pairs < num_pairs
     tokens = pairs // top_k
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -88,6 +91,8 @@ def _down_kernel(
     pair_weights_ptr,
     sorted_pair_ids_ptr,
     block_expert_ids_ptr,
+    first_expert,
+    num_local_experts,
     num_pairs,
     hidden_size,
     intermediate_size,
@@ -100,20 +105,27 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAIR_PER_BLOCK: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32)
-    if expert < 0:  # a block past the last expert's run
-        return
-    pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int32) - first_expert
+    held = (expert >= 0) & (expert < num_local_experts)
+    if PAIR_PER_BLOCK:
+        # NOTE: a pair of another rank's expert writes its zeros (reading nothing), so `out` needs no zero fill.
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+    else:
+        if (expert < 0) | (expert >= num_local_experts):
+            return
+        pairs = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_mask = pairs < num_pairs
+    k_limit = tl.where(held, intermediate_size, 0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < hidden_size
     w_expert = w2_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, intermediate_size, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < intermediate_size
+        k_mask = ks < k_limit
         a = tl.load(
             act_ptr + pairs.to(tl.int64)[:, None] * stride_at + ks[None, :],
             mask=pair_mask[:, None] & k_mask[None, :],
@@ -174,8 +186,16 @@ def fused_moe(
     if num_pairs == 0:
         return torch.zeros_like(x)
     block_m, block_n, block_k, num_warps = block_config(num_pairs, num_experts)
-    blocks = align_by_expert(topk_ids, num_experts, first_expert, block_m)
-    num_blocks = blocks.block_expert_ids.shape[0]
+    # NOTE: a few pairs (batch-1 decode: top_k distinct experts) run one block each, straight from topk_ids: the
+    # sort's dozen small launches per layer would cost more than the padding rows' wasted MACs.
+    pair_per_block = num_pairs <= block_m
+    if pair_per_block:
+        pair_ids = topk_ids.contiguous()
+        sorted_pair_ids, block_expert_ids, expert_offset, num_blocks = pair_ids, pair_ids, first_expert, num_pairs
+    else:
+        blocks = align_by_expert(topk_ids, num_experts, first_expert, block_m)
+        sorted_pair_ids, block_expert_ids, expert_offset = blocks.sorted_pair_ids, blocks.block_expert_ids, 0
+        num_blocks = block_expert_ids.shape[0]
     # NOTE: float32 models (the oracle runs) multiply in full precision; tf32 only matters for float32 inputs.
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     # NOTE: float32 tiles take twice the shared memory: two stages of the widest (gate + up) fit where three do not.
@@ -185,8 +205,10 @@ def fused_moe(
         x,
         w13,
         act,
-        blocks.sorted_pair_ids,
-        blocks.block_expert_ids,
+        sorted_pair_ids,
+        block_expert_ids,
+        expert_offset,
+        num_experts,
         num_pairs,
         top_k,
         hidden,
@@ -198,17 +220,20 @@ def fused_moe(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION=precision,
+        PAIR_PER_BLOCK=pair_per_block,
         **launch,
     )
-    out = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
+    out = (torch.empty if pair_per_block else torch.zeros)(num_pairs, hidden, dtype=x.dtype, device=x.device)
     pair_weights = topk_weights.to(torch.float32).flatten().contiguous()
     _down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
         act,
         w2,
         out,
         pair_weights,
-        blocks.sorted_pair_ids,
-        blocks.block_expert_ids,
+        sorted_pair_ids,
+        block_expert_ids,
+        expert_offset,
+        num_experts,
         num_pairs,
         hidden,
         intermediate,
@@ -219,6 +244,7 @@ def fused_moe(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION=precision,
+        PAIR_PER_BLOCK=pair_per_block,
         **launch,
     )
     return out.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
@@ -233,7 +259,6 @@ def moe(
     renormalize: bool,
     first_expert: int,
 ) -> torch.Tensor:
-    """`torch_moe.moe` on CUDA: the routing and the experts' weighted sum, [T, H] in x's dtype."""
-    if x.shape[0] * top_k <= DECODE_MAX_PAIRS:
-        return moe_decode(x, router_logits, w13, w2, top_k, renormalize, first_expert)
-    return fused_moe(x, w13, w2, *select_experts(router_logits, top_k, renormalize), first_expert)
+    """`torch_moe.moe` on CUDA: the routing (`triton_routing`), then `fused_moe`; [T, H] in x's dtype."""
+    topk_weights, topk_ids = triton_routing.select_experts(router_logits, top_k, renormalize)
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, first_expert)
