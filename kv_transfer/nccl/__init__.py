@@ -7,14 +7,10 @@ sender-receiver pair, rank 0 the sender and rank 1 the receiver (`PairGroup`). L
    nccl contact, on its host) and a key prefix of the pair's own. The communicator itself is created lazily, by the
    pair's first data: rank 0 puts NCCL's unique id in the store, rank 1 reads it, both join.
 2. per chunk: `send` records a CUDA event on the caller's current stream and returns. The connection's writer waits
-   for it, sends the CHUNK frame (destination ids, no payload), then, piece by piece (`pieces`: ~32 MB, the sender's
-   HELLO names the blocks per piece), gathers the piece's blocks into one of a ring of 4 staging buffers on the
-   connection's copy stream (once that buffer's last send is done) and queues its NCCL send: the next pieces' gathers
-   run while this one is on the wire, and staging stays 4 pieces however far the writer runs ahead. The receiver,
-   reading the frame, queues one receive per piece into a staging buffer; as each piece is in (it waits, still
-   watching the reservation and its own shutdown) it scatters it into the reserved blocks on its copy stream, while
-   the next piece is still arriving; after the last, it waits for the copy stream and acks. No host copy; NCCL's
-   kernels run on NCCL's own stream.
+   for it, sends the CHUNK frame (destination ids, no payload), gathers the chunk's blocks into one staging buffer on
+   the sender's copy stream and sends it in one NCCL send. The receiver, reading the frame, receives into a staging
+   buffer, waits for it (still watching the reservation and its own shutdown), scatters it into the reserved blocks
+   in one op on its copy stream, waits, and acks. No host copy; NCCL's kernels run on NCCL's own stream.
 3. refused chunks (expired, aborted, unknown): the receiver still receives the bytes, into staging that it drops, so
    both ranks stay matched; empty chunks (keepalives) move nothing.
 4. ends: as for every backend (`kv_transfer.base`). When the connection ends, both links abort the communicator, so a

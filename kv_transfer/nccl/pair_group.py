@@ -19,35 +19,16 @@ _POLL_S = 50e-6
 _CHECK_EVERY_S = 0.01
 
 
-class Sending(ABC):
-    """A send queued by `PairGroup.send`."""
-
-    @abstractmethod
-    def wait_sent(self) -> None:
-        """Make the work queued from now on on the current stream wait until the tensor has gone (a group of host
-        tensors waits on the calling thread): only then may the tensor be overwritten."""
-
-
-class Receiving(ABC):
-    """A receive queued by `PairGroup.recv`."""
-
-    @abstractmethod
-    def wait(self, keep_waiting: KeepWaiting) -> None:
-        """Return once the tensor holds the bytes. While they are late, `keep_waiting()` says whether to go on
-        (False: TransportError)."""
-
-
 class PairGroup(ABC):
-    """Sends and receives match in the order they are queued: the receiver queues one receive per send."""
+    @abstractmethod
+    def send(self, tensor: torch.Tensor) -> None:
+        """Queue sending `tensor` to the receiver, after the work queued so far on the current stream; the tensor
+        stays untouched until the receiver has it."""
 
     @abstractmethod
-    def send(self, tensor: torch.Tensor) -> Sending:
-        """Queue sending `tensor` to the receiver, after the work queued so far on the current stream; nothing may
-        write the tensor until the send is done (`Sending.wait_sent`)."""
-
-    @abstractmethod
-    def recv(self, tensor: torch.Tensor) -> Receiving:
-        """Queue filling `tensor` from the sender (several receives may be queued at once, each waited on in turn)."""
+    def recv(self, tensor: torch.Tensor, keep_waiting: KeepWaiting) -> None:
+        """Fill `tensor` from the sender; returns once it holds the bytes. While they are late, `keep_waiting()` says
+        whether to go on (False: TransportError)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -76,25 +57,6 @@ def wait_until(done: Callable[[], bool], keep_waiting: KeepWaiting) -> None:
         time.sleep(_POLL_S)
 
 
-class _StreamWork(Sending):
-    def __init__(self, work: dist.Work) -> None:
-        self._work = work
-
-    def wait_sent(self) -> None:
-        self._work.wait()  # NOTE: for NCCL, the current stream waits for NCCL's; the calling thread goes on
-
-
-class _PolledWork(Receiving):
-    """NOTE: polled rather than waited on, so that a dead sender cannot hold the receiver's thread (or its copy
-    stream, which never depends on NCCL's) past the reservation's lease."""
-
-    def __init__(self, work: dist.Work) -> None:
-        self._work = work
-
-    def wait(self, keep_waiting: KeepWaiting) -> None:
-        wait_until(self._work.is_completed, keep_waiting)
-
-
 class NcclPairGroup(PairGroup):
     """A two-rank ProcessGroupNCCL built straight on the pair's store: no global `init_process_group`, since pods
     come and go at run time. Its kernels run on NCCL's own stream; the NCCL communicator is created by the first
@@ -108,11 +70,14 @@ class NcclPairGroup(PairGroup):
         self._group = cast(_PointToPoint, ProcessGroupNCCL(store, rank, 2, ProcessGroupNCCL.Options()))
         self._peer = 1 - rank
 
-    def send(self, tensor: torch.Tensor) -> Sending:
-        return _StreamWork(self._group.send([tensor], self._peer, 0))
+    def send(self, tensor: torch.Tensor) -> None:
+        self._group.send([tensor], self._peer, 0)
 
-    def recv(self, tensor: torch.Tensor) -> Receiving:
-        return _PolledWork(self._group.recv([tensor], self._peer, 0))
+    def recv(self, tensor: torch.Tensor, keep_waiting: KeepWaiting) -> None:
+        # NOTE: polled rather than waited on, so that a dead sender cannot hold this thread (or the copy stream,
+        # which never depends on NCCL's) past the reservation's lease.
+        work = self._group.recv([tensor], self._peer, 0)
+        wait_until(work.is_completed, keep_waiting)
 
     def close(self) -> None:
         self._group.abort()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # W6 across two GPUs (issue 30, acceptance item 4) on nvidia-h100-x2 or nvidia-h200-x2: the Qwen3-8B KV (bf16, block
 # of 16 tokens = 2.36 MB) from GPU0 to GPU1 over cuda_ipc (the receiver's block-copy kernel reads the sender's pool
-# over NVLink) and over nccl (~32 MB pieces, gather / send / scatter overlapped), at 4,096 and 32,768 tokens, one
+# over NVLink) and over nccl (one gather, send and scatter per chunk), at 4,096 and 32,768 tokens, one
 # transfer and 8 at once; then the kv_transfer GPU tests (-m gpu: the copy kernel's exact bytes, contract, endings,
 # two processes across both GPUs); last, cuda_ipc on one GPU at 4,096 tokens for reference. About 4 minutes
 # (BUDGET_S, default 270, caps the steps).
