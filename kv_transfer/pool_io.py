@@ -50,22 +50,23 @@ def block_index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 class IndexUploader:
-    """Uploads block ids to one device through a pinned buffer of its own, reused by every call.
+    """Uploads block ids to one device through pinned buffers of its own, two in turn.
 
     NOTE: `block_index` pins a fresh host tensor per call; a receiver landing hundreds of chunks a second spent more
-    time pinning than copying. Here one buffer serves every chunk: the caller must have waited for the stream that
-    used the last call's tensors (the receivers synchronize their copy stream at the end of each chunk) before it
-    calls again, since the buffers are overwritten.
+    time pinning than copying. Here two buffers serve every chunk in turn: a call overwrites the buffers of the call
+    before the last, so the caller must have waited for the stream work that used that call's tensors (a receiver
+    has at most two chunks in flight and waits for the older one's copy before it starts a third).
     """
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
-        self._host = torch.empty(0, dtype=torch.long)
-        self._device_buffer = torch.empty(0, dtype=torch.long, device=device)
+        self._hosts = [torch.empty(0, dtype=torch.long) for _ in range(2)]
+        self._device_buffers = [torch.empty(0, dtype=torch.long, device=device) for _ in range(2)]
+        self._turn = 0
 
     def upload(self, *block_ids: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        """Each list as an int64 index on the device (views of one buffer, valid until the next call, each starting
-        16-byte aligned), copied on the current stream without waiting for it."""
+        """Each list as an int64 index on the device (views of one buffer, valid until the call after next, each
+        starting 16-byte aligned), copied on the current stream without waiting for it."""
         starts = list(itertools.accumulate((_aligned(len(ids)) for ids in block_ids), initial=0))
         total = starts[-1]
         if self._device.type == "cpu":
@@ -73,14 +74,15 @@ class IndexUploader:
             for start, ids in zip(starts, block_ids, strict=False):
                 flat[start : start + len(ids)] = torch.tensor(ids, dtype=torch.long)
         else:
-            if total > self._host.numel():
-                self._host = torch.empty(2 * total, dtype=torch.long, pin_memory=True)
-                self._device_buffer = torch.empty(2 * total, dtype=torch.long, device=self._device)
-            host = self._host.numpy()
+            turn, self._turn = self._turn, 1 - self._turn
+            if total > self._hosts[turn].numel():
+                self._hosts[turn] = torch.empty(2 * total, dtype=torch.long, pin_memory=True)
+                self._device_buffers[turn] = torch.empty(2 * total, dtype=torch.long, device=self._device)
+            host = self._hosts[turn].numpy()
             for start, ids in zip(starts, block_ids, strict=False):
                 host[start : start + len(ids)] = ids
-            flat = self._device_buffer[:total]
-            flat.copy_(self._host[:total], non_blocking=True)
+            flat = self._device_buffers[turn][:total]
+            flat.copy_(self._hosts[turn][:total], non_blocking=True)
         return tuple(flat[start : start + len(ids)] for start, ids in zip(starts, block_ids, strict=False))
 
 

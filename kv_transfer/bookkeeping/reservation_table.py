@@ -1,10 +1,11 @@
 """Decode-side bookkeeping shared by every receiver backend: reservations, leases, which chunks may be written.
 
 Invariants:
-- a live reservation may be written only between `begin_chunk` and `end_chunk` (it is `busy` then);
-- a reservation is released (dropped and reported through `notify`) exactly once, and never while busy: an
-  expiry or abort during a write takes effect at once for the state, and the release waits for `end_chunk`,
-  so the engine never frees a block that is still being written;
+- a live reservation may be written only between `begin_chunk` and `end_chunk`; a connection may have a chunk
+  begun before the last one ended (its copy queued behind the last one's), so `writes` counts them;
+- a reservation is released (dropped and reported through `notify`) exactly once, and never while a write is open:
+  an expiry or abort during a write takes effect at once for the state, and the release waits for the last
+  `end_chunk`, so the engine never frees a block that is still being written;
 - a DONE reservation waits for its claim at most `claim_window_s` (or its lease, if shorter): its Decode call comes
   right behind the transfer, and one that never comes (a call cancelled on its way) must not hold the blocks for a
   whole lease.
@@ -52,7 +53,8 @@ class _Reservation:
     deadline: float
     state: TransferState = TransferState.RESERVED
     received: set[int] = field(default_factory=set)
-    busy: bool = False
+    writes: int = 0
+    """Chunks begun and not ended yet."""
     fence: Fence = PASSED
     """The engine's work queued when the blocks were reserved: writes into them wait for it."""
 
@@ -112,7 +114,7 @@ class ReservationTable:
     def abort(self, transfer_id: str) -> None:
         with self._cond:
             reservation = self._live.get(transfer_id)
-            if reservation is not None and not reservation.busy:
+            if reservation is not None and not reservation.writes:
                 self._release_locked(reservation, TransferState.ABORTED)
             elif reservation is not None and not reservation.state.is_final:
                 self._mark_locked(reservation, TransferState.ABORTED)
@@ -129,16 +131,16 @@ class ReservationTable:
         with self._cond:
             reservation = self._live.get(transfer_id)
             self._expire_if_lapsed_locked(reservation, now)
-            if reservation is None or reservation.busy or reservation.state.is_final:
+            if reservation is None or reservation.state.is_final:
                 raise self._not_writable_error(transfer_id, reservation, "write")
             foreign = set(dst_block_ids) - reservation.block_ids
             if foreign or len(set(dst_block_ids)) != len(dst_block_ids):
-                self._release_locked(reservation, TransferState.FAILED)
+                self._end_locked(reservation, TransferState.FAILED)
                 raise InvalidChunkError(
                     f"chunk of {transfer_id!r} repeats blocks or names unreserved ones {sorted(foreign)}: "
                     f"{list(dst_block_ids)}"
                 )
-            reservation.busy = True
+            reservation.writes += 1
             reservation.deadline = now + reservation.lease_s
             self._mark_locked(reservation, TransferState.TRANSFERRING)
             return reservation.fence
@@ -156,19 +158,19 @@ class ReservationTable:
         `complete` is False when the bytes did not all arrive: the reservation fails."""
         with self._cond:
             reservation = self._live[transfer_id]
-            reservation.busy = False
+            reservation.writes -= 1
             if reservation.state.is_final:
                 state = reservation.state
-                self._release_locked(reservation, state)
+                self._end_locked(reservation, state)
                 return _ENDED_ERRORS[state](f"transfer {transfer_id!r} {state.value} during a write")
             if not complete:
-                self._release_locked(reservation, TransferState.FAILED)
+                self._end_locked(reservation, TransferState.FAILED)
                 return TransportError(f"chunk of transfer {transfer_id!r} was cut short")
             reservation.received.update(dst_block_ids)
             reservation.deadline = time.monotonic() + reservation.lease_s
             missing = reservation.block_ids - reservation.received
-            if last and missing:
-                self._release_locked(reservation, TransferState.FAILED)
+            if last and (missing or reservation.writes):
+                self._end_locked(reservation, TransferState.FAILED)
                 return InvalidChunkError(f"last chunk of {transfer_id!r} leaves blocks {sorted(missing)} unwritten")
             if last:
                 reservation.deadline = time.monotonic() + min(reservation.lease_s, self._claim_window_s)
@@ -176,20 +178,17 @@ class ReservationTable:
             return None
 
     def reap(self) -> None:
-        """Expire every reservation whose lease lapsed (a busy one is marked now and released by end_chunk)."""
+        """Expire every reservation whose lease lapsed (one being written is marked now and released by end_chunk)."""
         now = time.monotonic()
         with self._cond:
             for reservation in list(self._live.values()):
                 if reservation.deadline >= now or reservation.state in (TransferState.EXPIRED, TransferState.ABORTED):
                     continue
-                if reservation.busy:
-                    self._mark_locked(reservation, TransferState.EXPIRED)
-                else:
-                    self._release_locked(reservation, TransferState.EXPIRED)
+                self._end_locked(reservation, TransferState.EXPIRED)
 
     def _expire_if_lapsed_locked(self, reservation: _Reservation | None, now: float) -> None:
         """A lapsed lease counts even before the reaper gets to it."""
-        if reservation is not None and not reservation.busy and now > reservation.deadline:
+        if reservation is not None and not reservation.writes and now > reservation.deadline:
             self._release_locked(reservation, TransferState.EXPIRED)
 
     def _state_locked(self, transfer_id: str) -> TransferState:
@@ -202,16 +201,23 @@ class ReservationTable:
         return ended
 
     def _not_writable_error(self, transfer_id: str, reservation: _Reservation | None, action: str) -> TransferError:
-        if reservation is not None and reservation.busy:
-            return TransferStateError(f"cannot {action} transfer {transfer_id!r}: a chunk is being written")
         state = reservation.state if reservation is not None else self._ended.get(transfer_id)
         if state is None:
             return UnknownTransferError(f"cannot {action} transfer {transfer_id!r}: no such reservation")
+        if reservation is not None and reservation.writes and not state.is_final:
+            return TransferStateError(f"cannot {action} transfer {transfer_id!r}: a chunk is being written")
         return _ENDED_ERRORS.get(state, TransferStateError)(f"cannot {action} transfer {transfer_id!r}: {state.value}")
 
     def _mark_locked(self, reservation: _Reservation, state: TransferState) -> None:
         reservation.state = state
         self._cond.notify_all()
+
+    def _end_locked(self, reservation: _Reservation, state: TransferState) -> None:
+        """End the reservation in `state`: released now, or marked and released by the last open write's end."""
+        if reservation.writes:
+            self._mark_locked(reservation, state)
+        else:
+            self._release_locked(reservation, state)
 
     def _release_locked(self, reservation: _Reservation, state: TransferState) -> None:
         reservation.state = state

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kv_transfer.control.frames import FrameHead, KeepWaiting
-from kv_transfer.copy_stream import Fence
+from kv_transfer.copy_stream import PASSED, Fence
 
 Staged = TypeVar("Staged")
 
@@ -56,6 +56,9 @@ class SenderPlane(ABC, Generic[Staged]):
 class ReceiverLink(ABC):
     """One connection's receiving side of the data plane; used from that connection's thread only."""
 
+    queues_copies: ClassVar[bool] = False
+    """Whether `start` returns with the chunk's copy still queued on a device stream (else it has landed)."""
+
     @property
     def answer(self) -> dict[str, Any]:
         """This plane's fields of the receiver's HELLO."""
@@ -70,6 +73,13 @@ class ReceiverLink(ABC):
         """Move the chunk's bytes into its destination blocks, after `fence` (the reservation's: the engine's work
         that may still touch them); when this returns, they are there. While the bytes are late, `keep_waiting()`
         says whether to go on (False: give up with a TransferError)."""
+
+    def start(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> Fence:
+        """Begin landing the chunk (as `land`) and return a fence after its writes: the bytes are in their blocks
+        once it is passed. By default the chunk lands at once; a link whose copies run on a device stream returns
+        with them queued, so that the connection reads and starts the next chunk while they run."""
+        self.land(sock, head, keep_waiting, fence)
+        return PASSED
 
     @abstractmethod
     def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:

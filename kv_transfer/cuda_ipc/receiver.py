@@ -26,6 +26,8 @@ from kv_transfer.state import ProtocolError, TransportError
 class _CopyLink(ReceiverLink):
     """Lands a chunk by copying its blocks out of the sender's pool (`source`) into this pool, on its own stream."""
 
+    queues_copies = True
+
     def __init__(self, source: torch.Tensor, words: torch.Tensor) -> None:
         self._source = source
         self._words = words
@@ -41,10 +43,14 @@ class _CopyLink(ReceiverLink):
             raise ProtocolError(f"source block ids {list(head.src_block_ids)} outside the sender's pool")
 
     def land(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> None:
+        self.start(sock, head, keep_waiting, fence).synchronize()
+
+    def start(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting, fence: Fence) -> Fence:
+        """Queue the chunk's copy on the link's stream; the returned fence passes once it is done."""
         self._stream.wait_for(fence)
         with self._stream.activate():
             self._copy(head.src_block_ids, head.block_ids)
-        self._stream.synchronize()
+            return self._stream.mark()
 
     def drop(self, sock: socket.socket, head: FrameHead, keep_waiting: KeepWaiting) -> None:
         """Nothing to drain: the bytes never left the sender's pool."""

@@ -13,7 +13,9 @@ import torch
 from kv_transfer import TransferState, TransportError
 from kv_transfer.control.address import parse_endpoint
 from kv_transfer.control.frames import FrameHead, FrameType, Hello, read_error, read_head, read_hello
+from kv_transfer.copy_stream import Fence
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
+from kv_transfer.cuda_ipc import receiver as receiver_module
 from kv_transfer.cuda_ipc.pool_handle import PoolHandle
 from kv_transfer.cuda_ipc.sender import CudaIpcSenderPlane
 from kv_transfer.state import ProtocolError
@@ -99,6 +101,44 @@ def test_a_chunk_that_does_not_fit_closes_the_connection_unwritten(
         sock.sendall(chunk.encode())
         assert _closed_by_peer(sock)
     assert receiver.state("t1") is S.RESERVED
+    plane.close()
+
+
+def test_the_next_chunk_is_started_before_the_last_one_is_waited_for(
+    make_pool: PoolMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two chunks sent back to back: the receiver queues the second's copy before it waits for the first's, then
+    answers both in order; every block lands."""
+    events: list[tuple[str, int]] = []
+    start = receiver_module._CopyLink.start
+
+    class Recorded:
+        def __init__(self, fence: Fence, seq: int) -> None:
+            self._fence, self._seq = fence, seq
+
+        def synchronize(self) -> None:
+            events.append(("wait", self._seq))
+            self._fence.synchronize()
+
+    def recording_start(link: Any, sock: socket.socket, head: FrameHead, keep: Any, fence: Fence) -> Fence:
+        events.append(("start", head.seq))
+        return Recorded(start(link, sock, head, keep, fence), head.seq)
+
+    monkeypatch.setattr(receiver_module._CopyLink, "start", recording_start)
+    src, dst = make_pool(8, seed=1), make_pool(8, seed=2)
+    plane = CudaIpcSenderPlane(src)
+    with CudaIpcReceiver(dst, BLOCK_SIZE) as receiver:
+        receiver.expect("t", [1, 2], lease_s=5.0)
+        sock, head = _hello(receiver, plane.hello())
+        with sock:
+            read_hello(sock, head, lambda: False)
+            first = FrameHead(FrameType.CHUNK, 0, "t", (1,), False, 0, (3,))
+            sock.sendall(first.encode() + FrameHead(FrameType.CHUNK, 1, "t", (2,), True, 0, (4,)).encode())
+            acks = [read_head(sock, lambda: False) for _ in range(2)]
+        assert receiver.state("t") is S.DONE
+    assert [(ack.kind, ack.seq) for ack in acks] == [(FrameType.ACK, 0), (FrameType.ACK, 1)]
+    assert events == [("start", 0), ("start", 1), ("wait", 0), ("wait", 1)]
+    assert torch.equal(dst[1], src[3]) and torch.equal(dst[2], src[4])
     plane.close()
 
 

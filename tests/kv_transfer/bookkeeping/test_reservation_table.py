@@ -99,11 +99,51 @@ def test_a_cut_short_chunk_fails_the_reservation(
     assert notified == [("t", S.FAILED)]
 
 
-def test_a_second_chunk_while_one_is_written_is_refused(table: ReservationTable) -> None:
+def test_two_open_chunks_complete_a_transfer(
+    table: ReservationTable, notified: list[tuple[str, TransferState]]
+) -> None:
+    """A connection begins the next chunk while the last one's copy runs; both end in order."""
+    table.expect("t", [1, 2, 3], 5.0)
+    table.begin_chunk("t", [1])
+    table.begin_chunk("t", [2, 3])
+    assert table.end_chunk("t", [1], last=False, complete=True) is None
+    assert table.state("t") is S.TRANSFERRING
+    assert table.end_chunk("t", [2, 3], last=True, complete=True) is None
+    assert table.state("t") is S.DONE and notified == []
+
+
+def test_an_abort_with_two_open_chunks_waits_for_both(
+    table: ReservationTable, notified: list[tuple[str, TransferState]]
+) -> None:
+    table.expect("t", [1, 2], 5.0)
+    table.begin_chunk("t", [1])
+    table.begin_chunk("t", [2])
+    table.abort("t")
+    assert isinstance(table.end_chunk("t", [1], last=False, complete=True), TransferAbortedError)
+    assert table.state("t") is S.ABORTED and notified == []
+    with pytest.raises(TransferAbortedError):
+        table.begin_chunk("t", [2])
+    assert isinstance(table.end_chunk("t", [2], last=True, complete=True), TransferAbortedError)
+    assert notified == [("t", S.ABORTED)]
+
+
+def test_a_claim_while_a_chunk_is_open_is_refused(table: ReservationTable) -> None:
     table.expect("t", [1, 2], 5.0)
     table.begin_chunk("t", [1])
     with pytest.raises(TransferStateError, match="being written"):
-        table.begin_chunk("t", [2])
+        table.claim("t")
+
+
+def test_a_last_chunk_ending_before_an_earlier_one_fails_after_both(
+    table: ReservationTable, notified: list[tuple[str, TransferState]]
+) -> None:
+    table.expect("t", [1, 2], 5.0)
+    table.begin_chunk("t", [1])
+    table.begin_chunk("t", [2])
+    assert isinstance(table.end_chunk("t", [1, 2], last=True, complete=True), InvalidChunkError)
+    assert table.state("t") is S.FAILED and notified == []
+    assert isinstance(table.end_chunk("t", [1], last=False, complete=True), TransferStateError)
+    assert notified == [("t", S.FAILED)]
 
 
 def test_foreign_blocks_and_missing_blocks_fail(
