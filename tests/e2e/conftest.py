@@ -11,9 +11,8 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle
+from tests.e2e.support import Oracle, cluster_config
 
 _clusters: list[LocalCluster] = []
 
@@ -26,16 +25,7 @@ def oracle() -> Oracle:
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """2 prefill + 2 decode pods and the router; tests may add and stop pods and restart Redis."""
-    config = ClusterConfig(
-        num_prefill=2,
-        num_decode=2,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("cluster-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
-    )
+    config = cluster_config(tmp_path_factory.mktemp("cluster-logs"), num_prefill=2, num_decode=2)
     with LocalCluster(config) as cluster:
         _clusters.append(cluster)
         yield cluster

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
 from common.sampling_params import SamplingParams
 from engine.outputs import CompletionOutput
@@ -32,6 +34,20 @@ PREFIX_TOKENS = 512
 MIN_CACHED = PREFIX_TOKENS - BLOCK_SIZE
 
 Prompt = str | list[int]
+
+
+def cluster_config(log_dir: Path, *pod_args: str, **fields: Any) -> ClusterConfig:
+    """A LocalCluster for the tests: one prefill and one decode pod, free ports, POD_ARGS then `pod_args` for every
+    pod, the tests' registry refresh and start-up timeout, no /metrics; `fields` set any other ClusterConfig field."""
+    base = ClusterConfig(
+        port=0,
+        registry_refresh_s=REGISTRY_REFRESH_S,
+        pod_args=(*POD_ARGS, *pod_args),
+        log_dir=log_dir,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        metrics_port=None,
+    )
+    return dataclasses.replace(base, **fields)
 
 
 class Oracle:

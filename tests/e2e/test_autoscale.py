@@ -34,13 +34,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from autoscaler.config import AutoscalerConfig
 from autoscaler.run import start_for_cluster
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from cli.redis_server import RedisServer
 from client.generation_client import GenerationClient
 from common.child_process import popen_child
 from common.pod_registry import PodInfo, PodRegistry, PodRole
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, token_prefix, wait_until
+from tests.e2e.support import cluster_config, run, token_prefix, wait_until
 
 CONCURRENCY = 8
 PREFILL_HEAVY = AutoscalerConfig(
@@ -65,16 +64,7 @@ TIMELINE_INTERVAL_S = 0.5
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """1 prefill pod and 1 decode pod of at most 2 running requests each (more wait), and the router."""
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, "--max-num-seqs", "2"),
-        log_dir=tmp_path,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
-    )
+    config = cluster_config(tmp_path, "--max-num-seqs", "2")
     with LocalCluster(config) as running:
         yield running
 
@@ -306,17 +296,7 @@ def test_on_a_fixed_set_of_gpus_a_decode_load_takes_the_gpu_of_an_idle_prefill_p
     """3 GPU ids (pods on a CPU host ignore them) and one pod per GPU: 2 prefill + 1 decode. Under a decode-heavy
     load the less loaded prefill pod drains and exits, and decode-1 starts on its GPU once it is gone; no request
     fails."""
-    config = ClusterConfig(
-        num_prefill=2,
-        num_decode=1,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, "--max-num-seqs", "2"),
-        log_dir=tmp_path,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
-        gpus=("0", "1", "2"),
-    )
+    config = cluster_config(tmp_path, "--max-num-seqs", "2", num_prefill=2, gpus=("0", "1", "2"))
     budget = dataclasses.replace(DECODE_HEAVY, max_total_pods=3, scale_down_window_s=60.0)
     caplog.set_level("INFO", logger="cli.cluster")
     with LocalCluster(config) as cluster:

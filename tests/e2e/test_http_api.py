@@ -26,21 +26,12 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from client.generation_client import GenerationClient
 from common.auth import bearer_metadata
 from common.sampling_params import SamplingParams
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from tests.e2e.support import (
-    HEARTBEAT_S,
-    POD_ARGS,
-    REGISTRY_REFRESH_S,
-    STARTUP_TIMEOUT_S,
-    Oracle,
-    run,
-    wait_until,
-)
+from tests.e2e.support import HEARTBEAT_S, Oracle, cluster_config, run, wait_until
 from tests.e2e.test_cancellation import STORY, holding, idle
 
 pytestmark = pytest.mark.slow
@@ -56,18 +47,11 @@ OPENAI_VENV = Path("/tmp/openai-venv")
 
 @pytest.fixture(scope="module")
 def http_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
+    config = cluster_config(
+        tmp_path_factory.mktemp("http-cluster-logs"),
         http_port=free_port(),
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
         router_args=("--max-streams-per-client", "1"),
         env={"PDSERVE_AUTH_TOKENS": TOKEN},
-        log_dir=tmp_path_factory.mktemp("http-cluster-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
     )
     with LocalCluster(config) as cluster:
         yield cluster

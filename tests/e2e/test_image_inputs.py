@@ -21,10 +21,9 @@ import httpx
 import pytest
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S
+from tests.e2e.support import cluster_config
 from tests.e2e.test_http_api import _openai_python
 from tests.e2e.vlm_checkpoint import save_tiny_vlm
 from tests.engine.multimodal.vlm_factory import NUM_IMAGE_TOKENS, make_image
@@ -42,18 +41,11 @@ def vlm_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def vlm_cluster(vlm_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
+    config = cluster_config(
+        tmp_path_factory.mktemp("vlm-cluster-logs"),
         http_port=free_port(),
         model=str(vlm_folder),
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
         router_args=("--limit-mm-per-prompt", "image=1"),
-        log_dir=tmp_path_factory.mktemp("vlm-cluster-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
     )
     with LocalCluster(config) as cluster:
         yield cluster

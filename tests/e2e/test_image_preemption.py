@@ -18,9 +18,8 @@ import grpc
 import pytest
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
-from tests.e2e.support import HEARTBEAT_S, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S
+from tests.e2e.support import HEARTBEAT_S, cluster_config
 from tests.e2e.vlm_checkpoint import save_tiny_vlm
 from tests.engine.multimodal.vlm_factory import make_image
 
@@ -37,17 +36,7 @@ def stub(
 ) -> Iterator[generation_pb2_grpc.GenerationServiceStub]:
     folder = save_tiny_vlm(tmp_path_factory.mktemp("tiny-llava"), smollm2_path)
     pod_args = ("--heartbeat-s", str(HEARTBEAT_S), "--num-blocks", str(NUM_BLOCKS))
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        model=str(folder),
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=pod_args,
-        log_dir=tmp_path_factory.mktemp("vlm-preemption-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
-    )
+    config = cluster_config(tmp_path_factory.mktemp("vlm-preemption-logs"), model=str(folder), pod_args=pod_args)
     with LocalCluster(config) as cluster, grpc.insecure_channel(cluster.router_address) as channel:
         yield generation_pb2_grpc.GenerationServiceStub(channel)
 

@@ -26,9 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
-from tests.e2e.support import HEARTBEAT_S, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run, run_concurrently, wait_until
+from tests.e2e.support import HEARTBEAT_S, cluster_config, run, run_concurrently, wait_until
 
 pytestmark = pytest.mark.soak
 
@@ -46,16 +45,7 @@ HOST_HITS = ("pdserve:host_prefix_cache_hits_total", ())
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("kv-tier-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=0,
-    )
+    config = cluster_config(tmp_path_factory.mktemp("kv-tier-logs"), metrics_port=0)
     with LocalCluster(config) as local_cluster:
         yield local_cluster
 

@@ -23,7 +23,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
 from common.grpc.server import wait_for_health
 from common.telemetry import (
@@ -36,17 +35,7 @@ from common.telemetry import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     PDSERVE_REQUEST_ID,
 )
-from tests.e2e.support import (
-    MIN_CACHED,
-    POD_ARGS,
-    PREFIX_TOKENS,
-    REGISTRY_REFRESH_S,
-    STARTUP_TIMEOUT_S,
-    run,
-    sequential,
-    token_prefix,
-    wait_until,
-)
+from tests.e2e.support import MIN_CACHED, PREFIX_TOKENS, cluster_config, run, sequential, token_prefix, wait_until
 from tests.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pdserve-dashboard.json"
@@ -109,14 +98,8 @@ def receiver() -> Iterator[ThreadedReceiver]:
 @pytest.fixture(scope="module")
 def traced(receiver: ThreadedReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """1 prefill + 1 decode + the router, tracing to `receiver` (exported every 100 ms), /metrics on free ports."""
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
-        log_dir=tmp_path_factory.mktemp("traced-cluster-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
+    config = cluster_config(
+        tmp_path_factory.mktemp("traced-cluster-logs"),
         metrics_port=0,
         otlp_endpoint=receiver.endpoint,
         env={"OTEL_BSP_SCHEDULE_DELAY": "100"},

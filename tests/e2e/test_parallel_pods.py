@@ -24,7 +24,7 @@ from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
 from engine.llm import engine_config
 from engine.llm_engine import LLMEngine
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, run
+from tests.e2e.support import cluster_config, run
 from tests.engine.model_factory import save_tiny_model
 from tests.engine.quant_support import greedy
 from tests.faults.support import (
@@ -55,18 +55,7 @@ def _tiny_model(name: str, folder: Path, smollm2_path: Path) -> Path:
 
 def _pair_config(model: Path, log_dir: Path, *pod_args: str, **options: Any) -> ClusterConfig:
     """One prefill and one decode pod of `model` with the e2e pods' flags and `pod_args`."""
-    return ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        model=str(model),
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *pod_args),
-        log_dir=log_dir,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
-        **options,
-    )
+    return cluster_config(log_dir, *pod_args, model=str(model), **options)
 
 
 def _serve(cluster: LocalCluster, prompts: list[list[int]]) -> list[Stream]:

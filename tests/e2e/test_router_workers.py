@@ -20,11 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from cli.ports import free_port
 from client.generation_client import build_request
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, channels_to_each_worker, wait_until
+from tests.e2e.support import channels_to_each_worker, cluster_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +42,11 @@ LONG_PROMPT = [100 + i % 1000 for i in range(1024)]
 
 @pytest.fixture(scope="module")
 def workers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        port=0,
+    config = cluster_config(
+        tmp_path_factory.mktemp("workers-logs"),
         http_port=free_port(),
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=POD_ARGS,
         router_workers=NUM_WORKERS,
         router_args=ROUTER_ARGS,
-        log_dir=tmp_path_factory.mktemp("workers-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
         metrics_port=0,
     )
     with LocalCluster(config) as cluster:

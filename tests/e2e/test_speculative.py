@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
 from engine.config import DEFAULT_MODEL
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S, Oracle, run
+from tests.e2e.support import Oracle, cluster_config, run
 from tests.e2e.test_observability import scrape
 
 NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -31,14 +30,10 @@ MAX_TOKENS = 24
 
 @contextmanager
 def speculating_cluster(tmp_path_factory: pytest.TempPathFactory, spec: dict[str, Any]) -> Iterator[LocalCluster]:
-    config = ClusterConfig(
-        num_prefill=1,
-        num_decode=1,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, "--speculative-config", json.dumps(spec)),
-        log_dir=tmp_path_factory.mktemp(f"{spec['method']}-cluster-logs"),
-        startup_timeout_s=STARTUP_TIMEOUT_S,
+    config = cluster_config(
+        tmp_path_factory.mktemp(f"{spec['method']}-cluster-logs"),
+        "--speculative-config",
+        json.dumps(spec),
         metrics_port=0,
     )
     with LocalCluster(config) as cluster:

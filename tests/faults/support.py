@@ -20,11 +20,10 @@ from typing import Any
 import grpc
 
 from cli.cluster import LocalCluster
-from cli.cluster_config import ClusterConfig
 from client.generation_client import GenerationClient
 from common.pod_registry import PodInfo, PodRole
 from pdserve.v1 import generation_pb2
-from tests.e2e.support import POD_ARGS, REGISTRY_REFRESH_S, STARTUP_TIMEOUT_S
+from tests.e2e.support import cluster_config
 
 STREAM_TIMEOUT_S = 900.0
 """Bound on one stream (the soak variants on a loaded 2-core machine included); pytest's timeout bounds each test."""
@@ -42,16 +41,8 @@ def fault_cluster(
 ) -> Iterator[LocalCluster]:
     """Redis, the pods (the e2e tests' flags, then `pod_args`: a flag given again overrides) and a router started
     with `router_args`, as real processes, stopped afterwards."""
-    config = ClusterConfig(
-        num_prefill=num_prefill,
-        num_decode=num_decode,
-        port=0,
-        registry_refresh_s=REGISTRY_REFRESH_S,
-        pod_args=(*POD_ARGS, *pod_args),
-        router_args=tuple(router_args),
-        log_dir=log_dir,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        metrics_port=None,
+    config = cluster_config(
+        log_dir, *pod_args, num_prefill=num_prefill, num_decode=num_decode, router_args=tuple(router_args)
     )
     with LocalCluster(config) as cluster:
         yield cluster
