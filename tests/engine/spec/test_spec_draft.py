@@ -96,7 +96,7 @@ def test_seeded_sampling_equals_without_speculation(tiny_model: TinyModel, rando
         SamplingParams(temperature=1.0, top_k=8, repetition_penalty=1.3, seed=12, max_tokens=12, ignore_eos=True),
     ]
     for p in params:
-        off = run_plain(LLMEngine(engine_config(str(path), num_blocks=256)), prompts, p)
+        off = step_to_end(LLMEngine(engine_config(str(path), num_blocks=256)), prompts, p)
         for draft in (path, random_draft):
             engine = LLMEngine(engine_config(str(path), num_blocks=256, speculative_config=draft_spec(draft)))
             assert run(engine, prompts, p) == off
@@ -108,16 +108,6 @@ def test_seeded_sampling_equals_without_speculation(tiny_model: TinyModel, rando
     engine = LLMEngine(engine_config(str(path), num_blocks=256, speculative_config=draft_spec(path)))
     run(engine, prompts, unseeded)
     assert engine.spec_stats.accepted_tokens == engine.spec_stats.draft_tokens > 0
-
-
-def run_plain(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.req_id] += output.new_token_ids
-    return [tokens[str(i)] for i in range(len(prompts))]
 
 
 def test_decode_pod_request_drafts_from_its_prompt(tiny_model: TinyModel) -> None:
