@@ -32,8 +32,8 @@ from decode_service.decode_metrics import DecodeMeasure
 from decode_service.decode_stream import DecodeStart, DecodeStreamSession, StreamEnd
 from engine.core.client import EngineDeadError
 from engine.core.commands import AbortRequest, AddPrefilledRequest, ReleaseKV, ReserveKV
+from engine.core.messages import CoreReady
 from engine.core.outputs import CoreOutputs
-from engine.core.process import CoreReady
 from engine.scheduler_output import BeamSearchOutput
 from kv_transfer.state import TransferState
 from kv_transfer.target import KVTarget

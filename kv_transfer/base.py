@@ -29,13 +29,17 @@ from typing import Self
 
 from common.errors import InvalidArgumentError
 from kv_transfer.layout import KVLayout
-from kv_transfer.pool_io import check_block_ids
 from kv_transfer.state import TransferError, TransferState
 
 TransferHook = Callable[[str, TransferState], None]
 
 # NOTE: the tcp frame header stores the id's length in one byte; every backend keeps to it.
 MAX_TRANSFER_ID_BYTES = 255
+
+
+def check_block_ids(block_ids: Sequence[int], num_blocks: int, field: str) -> None:
+    if not all(0 <= block_id < num_blocks for block_id in block_ids):
+        raise InvalidArgumentError(field, f"block ids must be in [0, {num_blocks}), got {list(block_ids)}")
 
 
 def ignore_hook(transfer_id: str, state: TransferState) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 from common.errors import InvalidArgumentError
 from kv_transfer.base import KVReceiver, KVSender, TransferHook, ignore_hook
 from kv_transfer.config import DEVICE_BACKENDS, check_backend
-from kv_transfer.control import SocketReceiver, SocketSender
+from kv_transfer.control.socket_receiver import SocketReceiver
+from kv_transfer.control.socket_sender import SocketSender
 from kv_transfer.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from kv_transfer.in_process import InProcessReceiver, InProcessSender
 from kv_transfer.nccl import NcclReceiver, NcclSender

@@ -92,11 +92,6 @@ def _aligned(num_ids: int) -> int:
     return num_ids + num_ids % 2
 
 
-def check_block_ids(block_ids: Sequence[int], num_blocks: int, field: str) -> None:
-    if not all(0 <= block_id < num_blocks for block_id in block_ids):
-        raise InvalidArgumentError(field, f"block ids must be in [0, {num_blocks}), got {list(block_ids)}")
-
-
 def gather_blocks(rows: torch.Tensor, block_ids: Sequence[int]) -> np.ndarray:
     """A host copy of the blocks' rows, C-contiguous uint8 [len(block_ids), block_nbytes]."""
     if rows.device.type == "cpu":

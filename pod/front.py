@@ -16,8 +16,8 @@ from common.metrics import ServiceMetrics
 from common.pod_registry import PodRole
 from common.telemetry import Tracing
 from engine.core.client import EngineCoreClient, EngineDeadError
+from engine.core.messages import CoreReady
 from engine.core.outputs import CoreOutputs, EngineLoad
-from engine.core.process import CoreReady
 
 
 class PodFront(Protocol):

@@ -24,7 +24,7 @@ from contextlib import AbstractAsyncContextManager
 import grpc.aio
 
 from common.pod_registry import PodRole
-from engine.core.process import CoreSpec
+from engine.core.messages import CoreSpec
 from pod.config import KVReceiverConfig, PodConfig
 from pod.front import PodFront
 from pod.runtime import PodRuntime

@@ -48,9 +48,8 @@ from common.telemetry import (
 )
 from engine.core.client import EngineDeadError
 from engine.core.commands import AbortRequest, AddRequest
-from engine.core.kv_shipper import KEEPALIVES_PER_LEASE
+from engine.core.messages import CoreReady
 from engine.core.outputs import CoreOutputs, TransferEnded
-from engine.core.process import CoreReady
 from engine.scheduler_output import EngineOutput
 from kv_transfer.state import TransferError, TransferState
 from kv_transfer.target import KVTarget
@@ -66,6 +65,8 @@ KVEventSink = Callable[[Sequence[KVCacheEvent]], None]
 
 PDSERVE_QUEUE_TIME_S = "pdserve.prefill.queue_time_s"
 PDSERVE_NUM_CACHED_TOKENS = "pdserve.prefill.num_cached_tokens"
+KEEPALIVES_PER_LEASE = 3
+"""The core's KV shipper keeps a request's reservation alive this many times per lease (`AddRequest.keepalive_s`)."""
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ from common.sampling_params import SamplingParams
 from engine.config import ENGINE_FLAG_PARTS, EngineConfig, engine_config_from_args
 from engine.core.client import EngineCoreClient
 from engine.core.commands import AbortRequest, AddRequest
+from engine.core.messages import CoreSpec
 from engine.core.outputs import CoreOutputs
-from engine.core.process import CoreSpec
 from engine.runtime_info import RuntimeInfo
 from engine.scheduler_output import EngineOutput
 

@@ -23,8 +23,8 @@ from common.child_process import popen_child
 from common.errors import UnavailableError
 from engine.core.channel import FrameDecoder, encode, socket_pair
 from engine.core.commands import Command, Shutdown
+from engine.core.messages import CoreFailed, CoreReady, CoreSpec
 from engine.core.outputs import CoreOutputs
-from engine.core.process import CoreFailed, CoreReady, CoreSpec
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,6 @@ from kv_transfer.target import KVTarget
 
 logger = logging.getLogger(__name__)
 
-KEEPALIVES_PER_LEASE = 3
-
 
 @dataclass(slots=True, eq=False)
 class Shipment:

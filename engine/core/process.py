@@ -22,65 +22,20 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
-from common.tls import ClusterTLSConfig, kv_client_context, kv_server_context
-from engine.config import EngineConfig, SchedulerConfig
+from common.tls import kv_client_context, kv_server_context
 from engine.core.channel import encode, read_message
 from engine.core.engine_core import EngineCore
+from engine.core.messages import CoreFailed, CoreReady, CoreSpec
 from engine.core.outputs import CoreOutputs, EngineLoad
 from engine.llm_engine import LLMEngine
-from engine.runtime_info import RuntimeInfo
 from kv_transfer.factory import make_pod_receiver, make_pod_sender
-from kv_transfer.layout import KVLayout
 
 logger = logging.getLogger("engine.core")
 
-Role = Literal["prefill", "decode", "colocated"]
 _TRANSFER_POLL_S = 0.001
 _EOF = object()
 _WAKE = object()
-
-
-@dataclass(frozen=True, slots=True)
-class CoreSpec:
-    """What an engine core needs: its engine, and how to open the role's KV transfer end (a colocated engine, the
-    benchmarks' baseline, has none)."""
-
-    role: Role
-    engine: EngineConfig
-    kv_transfer_backend: str = "tcp"
-    tls: ClusterTLSConfig = field(default_factory=ClusterTLSConfig)
-    kv_lease_s: float = 30.0
-    """Prefill: the sender's lease (how long it waits for an ack)."""
-    kv_connect_timeout_s: float = 5.0
-    kv_host: str = "127.0.0.1"
-    """Decode: where the receiver listens (`kv_port`; rank r of a parallel pod on kv_port + r) and the host it
-    advertises."""
-    kv_port: int = 0
-    kv_advertise_host: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CoreReady:
-    """The core's first answer: the engine loaded and the KV end open."""
-
-    info: RuntimeInfo
-    scheduler: SchedulerConfig
-    """The engine's scheduler settings as resolved for its device (the pod's admission defaults follow them)."""
-    kv_endpoint: str
-    """Decode: where prefill pods reach the receiver ("" on a prefill pod)."""
-    kv_layout: KVLayout | None
-    """The KV transfer end's layout (None on a colocated engine)."""
-    load: EngineLoad
-
-
-@dataclass(frozen=True, slots=True)
-class CoreFailed:
-    """The core could not start, or a turn failed: it exits 1."""
-
-    message: str
 
 
 def open_core(spec: CoreSpec, wake: Callable[[], None]) -> tuple[EngineCore, CoreReady]:

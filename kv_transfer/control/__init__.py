@@ -5,8 +5,3 @@ backend's data-plane fields), then CHUNK / ACK / ERROR / ABORT frames (`frames`)
 `SocketReceiver` run that protocol and the transfer rules; each backend's subclass makes its data plane
 (`data_plane`), which moves the bytes.
 """
-
-from kv_transfer.control.socket_receiver import SocketReceiver
-from kv_transfer.control.socket_sender import SocketSender
-
-__all__ = ["SocketReceiver", "SocketSender"]

@@ -17,7 +17,7 @@ import decode_service.__main__ as decode_main
 from cli.redis_server import RedisServer
 from common.grpc.errors import bad_request_fields
 from engine.core.client import EngineCoreClient
-from engine.core.process import CoreReady
+from engine.core.messages import CoreReady
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, sampling_pb2
 from tests.decode_service.pod_pair import (
     DECODE_ID,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from engine.config import SchedulerConfig
 from engine.core.client import EngineDeadError
 from engine.core.commands import Command
+from engine.core.messages import CoreReady
 from engine.core.outputs import CoreOutputs, EngineLoad
-from engine.core.process import CoreReady
 from engine.runtime_info import RuntimeInfo
 from kv_transfer.layout import KVLayout
 
