@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine.layers.weight_init import initialized
+
 
 class LinearMethod(ABC):
     """How a `Linear` stores and runs its weight."""
@@ -27,9 +29,11 @@ class LinearMethod(ABC):
 
     def create_weights(self, layer: Linear) -> None:
         """Register the parameters a checkpoint loads into; default: a float `weight` [out, in] in the default dtype,
-        initialized as nn.Linear does (random-weight models run on it)."""
-        weight = torch.empty(layer.out_features, layer.in_features)
-        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        initialized as nn.Linear does (random-weight models run on it; a checkpoint load skips it: weight_init)."""
+        weight = initialized(
+            torch.empty(layer.out_features, layer.in_features),
+            lambda w: torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5)),
+        )
         layer.weight = torch.nn.Parameter(weight, requires_grad=False)
 
     def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 (optional hook)
@@ -60,7 +64,8 @@ class Linear(nn.Module):
         method.create_weights(self)
         if bias:
             bound = in_features**-0.5
-            self.bias = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound), requires_grad=False)
+            bias_init = initialized(torch.empty(out_features), lambda b: b.uniform_(-bound, bound))
+            self.bias = nn.Parameter(bias_init, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)

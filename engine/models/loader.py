@@ -8,6 +8,7 @@ Checkpoint projections that the native model runs as one GEMM (q/k/v, gate/up) l
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from engine.layers.linear import Linear, StackedLinear
 from engine.layers.quant.base import NamedTensors, QuantMethod
 from engine.layers.quant.registry import resolve_quant_method
 from engine.layers.quant.unquantized import Unquantized, UnquantizedLinearMethod
+from engine.layers.weight_init import skipping_init
 from engine.model_store import GGUF_WEIGHTS
 from engine.models.arch_config import ArchConfig
 from engine.models.gguf_reader import gguf_tensors
@@ -263,7 +265,9 @@ def load_model(
         host_layers = host_layer_range(stage, layer_nbytes, model_config.cpu_offload_gb)
     if dummy:
         torch.manual_seed(model_config.seed)
-    model = build_model(cfg, backend, dtype, device, quant, comm, model_config.quantize_lm_head, host_layers)
+    # NOTE: a checkpoint overwrites every parameter (the loads below check it): its model draws no random values.
+    with contextlib.nullcontext() if dummy else skipping_init():
+        model = build_model(cfg, backend, dtype, device, quant, comm, model_config.quantize_lm_head, host_layers)
     if dummy:
         random_tensors = quant.random_checkpoint(projection_shapes(model), device)
         load_weights(model, quant.translate(random_tensors), folder, require_all=False)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.layers.kernels import LayerKernels
+from engine.layers.weight_init import initialized
 from engine.models.moe_config import MoEConfig
 from engine.parallel.communicator import Communicator
 from engine.parallel.layers import CheckpointSlice
@@ -32,7 +33,7 @@ CheckpointViews = dict[str, tuple[torch.Tensor, CheckpointSlice | None]]
 
 def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
     bound = 1 / math.sqrt(fan_in)
-    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound), requires_grad=False)
+    return nn.Parameter(initialized(torch.empty(shape), lambda t: t.uniform_(-bound, bound)), requires_grad=False)
 
 
 class SparseMoeBlock(nn.Module):

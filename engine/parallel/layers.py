@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.linear import Linear, LinearMethod, StackedLinear
+from engine.layers.weight_init import initialized
 from engine.parallel.communicator import Communicator
 
 
@@ -103,7 +104,8 @@ class VocabParallelEmbedding(ShardedModule):
     def __init__(self, vocab_size: int, hidden_size: int, comm: Communicator) -> None:
         super().__init__()
         self.rows = comm.rank.split(vocab_size)
-        self.weight = nn.Parameter(torch.empty(self.rows.stop - self.rows.start, hidden_size).normal_(), False)
+        weight = initialized(torch.empty(self.rows.stop - self.rows.start, hidden_size), torch.Tensor.normal_)
+        self.weight = nn.Parameter(weight, False)
         self.comm = comm
 
     def checkpoint_slice(self, shard_name: str | None, attr: str) -> CheckpointSlice:
