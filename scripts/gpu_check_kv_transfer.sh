@@ -104,7 +104,7 @@ w6 w6_nccl_32_channels_4096 40 NCCL_MIN_P2P_NCHANNELS=32 NCCL_MAX_P2P_NCHANNELS=
 python3 - "$OUT" >>"$SUMMARY" 2>&1 <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-targets = {"cuda_ipc": 200.0, "nccl": 100.0}
+targets = {"cuda_ipc": 350.0, "nccl": 300.0}  # issue 30: across GPUs at 4k tokens
 for path in sorted(out.glob("w6_*.json")):
     try:
         result = json.loads(path.read_text())
