@@ -60,9 +60,22 @@ def _holds(tree: list[ProcessId], *parts: str) -> bool:
 def _stop(launcher: subprocess.Popen[str], tree: list[ProcessId], sig: signal.Signals, code: int, output: Path) -> None:
     """Send `sig` to the launcher; it must exit with `code`, and every process of `tree` go within the bound."""
     launcher.send_signal(sig)
-    assert launcher.wait(GONE_WITHIN_S[sig]) == code, output.read_text()
+    try:
+        exit_code = launcher.wait(GONE_WITHIN_S[sig])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the launcher still runs {GONE_WITHIN_S[sig]} s after {sig.name}:\n{_report(output)}")
+    assert exit_code == code, _report(output)
     left = still_running(tree, GONE_WITHIN_S[sig])
-    assert left == [], f"left behind: {left}\n{output.read_text()}"
+    assert left == [], f"left behind: {left}\n{_report(output)}"
+
+
+def _report(output: Path) -> str:
+    """The launcher's output (it logs when each child exits) and the tail of each child's log."""
+    sections = [output.read_text()]
+    for log in sorted((output.parent / "logs").glob("*.log")):
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        sections.append(f"----- {log.name} -----\n{tail}")
+    return "\n".join(sections)
 
 
 @pytest.mark.slow
