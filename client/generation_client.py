@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from common.auth import bearer_metadata
-from common.grpc.server import message_size_options
+from common.grpc.server import message_size_options, reconnect_options
 from common.tls import ChannelSecurity
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 
@@ -68,7 +68,9 @@ class GenerationClient:
 
     def __init__(self, address: str, token: str | None = None, security: ChannelSecurity | None = None) -> None:
         self._metadata = bearer_metadata(token)
-        self._channel = (security or ChannelSecurity()).channel(address, message_size_options())
+        # NOTE: a restarted router is redialled within a second, not after gRPC's backoff of up to 120 s.
+        options = [*message_size_options(), *reconnect_options(max_backoff_s=1.0)]
+        self._channel = (security or ChannelSecurity()).channel(address, options)
         self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
 
     def generate(

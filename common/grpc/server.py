@@ -15,13 +15,6 @@ from common.tls import ChannelSecurity
 
 _POLL_INTERVAL_S = 0.05
 _MAX_POLL_INTERVAL_S = 0.5
-_RECONNECT_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", int(_MAX_POLL_INTERVAL_S * 1000)),
-)
-"""The poller's channel redials as often as it polls: with gRPC's default backoff (1 s, then x1.6) a server that
-opens its port a few seconds late was seen ~2 s after it served."""
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The gRPC message size limit of pdserve's servers and channels unless configured (gRPC's own default is 4 MiB)."""
@@ -34,6 +27,20 @@ def message_size_options(max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tup
     details name the limit ("... larger than max (<size> vs. <limit>)").
     """
     return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
+
+
+def reconnect_options(max_backoff_s: float, initial_backoff_s: float = 0.1) -> list[tuple[str, int]]:
+    """Channel options that redial a lost server after `initial_backoff_s`, backing off to `max_backoff_s` at most.
+
+    NOTE: gRPC's own backoff starts at 1 s and grows x1.6 up to 120 s, so a server that comes back (a restarted
+    router, a pod that opened its port late) is seen seconds after it serves, the longer it was gone the later.
+    """
+    initial_ms = int(initial_backoff_s * 1000)
+    return [
+        ("grpc.initial_reconnect_backoff_ms", initial_ms),
+        ("grpc.min_reconnect_backoff_ms", initial_ms),
+        ("grpc.max_reconnect_backoff_ms", int(max_backoff_s * 1000)),
+    ]
 
 
 def pending_call_options(max_pending_calls: int) -> list[tuple[str, int]]:
@@ -133,7 +140,9 @@ async def wait_for_health(address: str, timeout_s: float, security: ChannelSecur
     deadline = loop.time() + timeout_s
     interval = _POLL_INTERVAL_S
     last = "no answer"
-    async with (security or ChannelSecurity()).aio_channel(address, options=_RECONNECT_OPTIONS) as channel:
+    # NOTE: the channel redials as often as it polls: a server that opens its port late is seen as it serves.
+    options = reconnect_options(_MAX_POLL_INTERVAL_S, _POLL_INTERVAL_S)
+    async with (security or ChannelSecurity()).aio_channel(address, options=options) as channel:
         # NOTE: called by method path because the grpcio-health-checking stubs do not type HealthStub's methods.
         check = channel.unary_unary(
             f"/{health.SERVICE_NAME}/Check",

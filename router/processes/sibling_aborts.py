@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import grpc.aio
 
+from common.grpc.server import reconnect_options
 from pdserve.v1 import generation_pb2, generation_pb2_grpc
 from router.completion.running_requests import AbortResult
 
@@ -35,12 +36,8 @@ _ABORT_RESULTS = {
     generation_pb2.ABORT_RESULT_ALREADY_FINISHED: AbortResult.ALREADY_FINISHED,
     generation_pb2.ABORT_RESULT_NOT_FOUND: AbortResult.NOT_FOUND,
 }
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-"""NOTE: gRPC's default reconnect backoff grows to 120 s; a restarted sibling must be reachable again at once."""
+_CHANNEL_OPTIONS = reconnect_options(max_backoff_s=1.0)
+"""A restarted sibling must be reachable again at once."""
 
 Metadata = Iterable[tuple[str, str | bytes]]
 
