@@ -1,8 +1,9 @@
 """The MoE layer at decode sizes on Qwen3-30B-A3B's shapes (128 experts, top 8, hidden 2048, intermediate 768; bf16):
-router + routing + experts per layer, the Triton routing (`triton_moe.moe`) against torch's (softmax, top-k,
-renormalization: `routing.select_experts`) before the same experts. Timed as CUDA-graph replays of several layers'
-weights in turn (so the L2 never holds the layer being read), reported per layer and as the routed experts' weight
-bytes over that time.
+router + routing + experts per layer: the Triton routing (`triton_moe.moe`) with sync counters (the pairs' sum in the
+down projection's launch) and without, and torch's routing (softmax, top-k, renormalization:
+`routing.select_experts`) before the same experts. Timed as CUDA-graph replays of several layers' weights in turn
+(so the L2 never holds the layer being read), reported per layer and as the routed experts' weight bytes over that
+time.
 
 python3 -m bench.kernels.moe --out $OUT     (writes bench_moe.json; GPU only)
 """
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import triton
 
+from engine.layers.kernels import moe_sync_counters
 from engine.layers.moe import torch_moe, triton_moe
 from engine.layers.moe.routing import select_experts
 from engine.layers.triton_gemv import linear
@@ -27,6 +29,7 @@ NUM_EXPERTS, TOP_K, HIDDEN, INTERMEDIATE = 128, 8, 2048, 768
 NUM_LAYERS = 8  # 8 x 1.2 GB of experts: far past any L2
 Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 MoEPath = Callable[[torch.Tensor, Layer], torch.Tensor]
+_SYNC: dict[torch.device, torch.Tensor] = {}  # one layer's counters, left at zero by every call
 
 
 def _layers() -> list[Layer]:
@@ -41,6 +44,11 @@ def _layers() -> list[Layer]:
         )
         for _ in range(NUM_LAYERS)
     ]
+
+
+def _summed_in_down(x: torch.Tensor, layer: Layer) -> torch.Tensor:
+    gate, w13, w2 = layer
+    return triton_moe.moe(x, linear(x, gate, None), w13, w2, TOP_K, True, 0, _SYNC[x.device])
 
 
 def _triton_routing(x: torch.Tensor, layer: Layer) -> torch.Tensor:
@@ -86,7 +94,9 @@ def main() -> None:
     for num_tokens in [int(t) for t in args.tokens.split(",")]:
         x = torch.randn(num_tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
         routed = min(NUM_EXPERTS, num_tokens * TOP_K) * expert_bytes
-        for name, path in (("triton routing", _triton_routing), ("torch routing", _torch_routing)):
+        _SYNC[x.device] = moe_sync_counters(HIDDEN).to(x.device)
+        paths = (("pairs summed in down", _summed_in_down), ("triton routing", _triton_routing))
+        for name, path in (*paths, ("torch routing", _torch_routing)):
             us = time_layer_us(path, x, layers)
             row = {"us_per_layer": us, "expert_gb_s_at_most": routed / us / 1e3, "rel_err": _error(path, x, layers[0])}
             result["paths"][f"{name} T={num_tokens}"] = row

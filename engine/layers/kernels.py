@@ -29,8 +29,15 @@ class LayerKernels:
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     # (x, gate_up weight, bias | None) -> silu_and_mul(linear(x, weight, bias)), one launch at batch 1 on CUDA
     linear_silu_and_mul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    # (x, router_logits, w13, w2, top_k, renormalize, first_expert) -> the MoE layer's output (engine.layers.moe)
+    # (x, router_logits, w13, w2, top_k, renormalize, first_expert, sync) -> the MoE layer's output
+    # (engine.layers.moe; sync: `moe_sync_counters`)
     moe: Callable[..., torch.Tensor] = torch_moe.moe
+
+
+def moe_sync_counters(hidden_size: int) -> torch.Tensor:
+    """Zero int32 counters for one MoE layer's decode launches on CUDA (engine.layers.triton_sync): one per 16
+    output columns of up to 16 tokens, for the pairs' sum in the down projection's launch."""
+    return torch.zeros(hidden_size, dtype=torch.int32)
 
 
 def layer_kernels(device: torch.device, pdl: bool = False) -> LayerKernels:

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from engine.layers.kernels import LayerKernels
+from engine.layers.kernels import LayerKernels, moe_sync_counters
 from engine.layers.weight_init import initialized
 from engine.models.moe_config import MoEConfig
 from engine.parallel.communicator import Communicator
@@ -52,6 +52,8 @@ class SparseMoeBlock(nn.Module):
         self.gate_weight = _uniform((moe.num_experts, hidden_size), hidden_size)
         self.w13 = _uniform((num_local, 2 * intermediate, hidden_size), hidden_size)
         self.w2 = _uniform((num_local, hidden_size, intermediate), moe.moe_intermediate_size)
+        self.sync: torch.Tensor
+        self.register_buffer("sync", moe_sync_counters(hidden_size), persistent=False)
 
     def checkpoint_views(self) -> CheckpointViews:
         """Checkpoint tensor name (relative to the decoder layer) -> (the view of a parameter it loads into, the part
@@ -69,7 +71,14 @@ class SparseMoeBlock(nn.Module):
         moe = self.moe
         router_logits = self.kernels.linear(x, self.gate_weight, None)
         out = self.kernels.moe(
-            x, router_logits, self.w13, self.w2, moe.num_experts_per_tok, moe.norm_topk_prob, self.experts.start
+            x,
+            router_logits,
+            self.w13,
+            self.w2,
+            moe.num_experts_per_tok,
+            moe.norm_topk_prob,
+            self.experts.start,
+            self.sync,
         )
         return self.comm.all_reduce(out)
 

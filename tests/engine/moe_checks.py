@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers.moe import torch_moe, triton_moe, triton_routing
+from engine.layers.kernels import moe_sync_counters
+from engine.layers.moe import launch, torch_moe, triton_moe, triton_routing
 from engine.layers.moe.routing import select_experts
 
 
@@ -65,17 +66,38 @@ def check_moe(
     renormalize: bool = True,
 ) -> None:
     """The whole layer from router logits: `triton_moe.moe` == `torch_moe.moe` in float32, with the tolerances of
-    `check_fused_moe`; expert-parallel parts sum to the whole."""
+    `check_fused_moe`, with and without sync counters (a few tokens: the pairs' sum in the down projection's
+    launch, the counters left at zero); expert-parallel parts sum to the whole."""
     gen = torch.Generator(device).manual_seed(num_tokens * 1000 + num_experts + 1)
     x, w13, w2, _, _ = make_case(num_tokens, num_experts, top_k, hidden, intermediate, dtype, device)
     logits = torch.randn(num_tokens, num_experts, generator=gen, device=device).to(dtype)
     expected = torch_moe.moe(x.float(), logits, w13.float(), w2.float(), top_k, renormalize, 0)
     per_rank = num_experts // num_ranks
-    parts = []
-    for r in range(num_ranks):
-        experts = slice(r * per_rank, (r + 1) * per_rank)
-        parts.append(triton_moe.moe(x, logits, w13[experts], w2[experts], top_k, renormalize, r * per_rank))
-    _check_sum(parts, expected, dtype, f"T={num_tokens} E={num_experts} k={top_k} ranks={num_ranks}")
+    for sync in (None, moe_sync_counters(hidden).to(device)):
+        parts = []
+        for r in range(num_ranks):
+            experts = slice(r * per_rank, (r + 1) * per_rank)
+            parts.append(triton_moe.moe(x, logits, w13[experts], w2[experts], top_k, renormalize, r * per_rank, sync))
+        case = f"T={num_tokens} E={num_experts} k={top_k} ranks={num_ranks} sync={sync is not None}"
+        _check_sum(parts, expected, dtype, case)
+        assert sync is None or not sync.any(), f"{case}: counters left at {sync.tolist()}"
+
+
+def check_fused_sum(
+    num_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, dtype: torch.dtype, device: str
+) -> None:
+    """`run_down` with sync counters (the pairs' sum in its own launch) equals its two-launch form bit for bit, and
+    leaves the counters at zero."""
+    x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, num_experts, top_k, hidden, intermediate, dtype, device)
+    tiles = launch.moe_tiles(num_tokens * top_k, num_experts, dtype)
+    pairs = launch.pair_blocks(topk_ids, num_experts, 0, tiles.block_m)
+    assert pairs.pair_per_block, "the sum runs in the down projection's launch with one pair per block only"
+    act = triton_moe.run_gate_up(x, w13, pairs, tiles.gate_up)
+    pair_weights = topk_weights.to(torch.float32).flatten().contiguous()
+    sync = moe_sync_counters(hidden).to(device)
+    fused = triton_moe.run_down(act, w2, pair_weights, pairs, tiles.down, sync)
+    assert torch.equal(fused, triton_moe.run_down(act, w2, pair_weights, pairs, tiles.down))
+    assert not sync.any(), f"counters left at {sync.tolist()}"
 
 
 INTERPRETED_CASES = [
@@ -124,5 +146,6 @@ def run_interpreted_checks() -> None:
         check_fused_moe(*case[:5], torch.float32, "cpu", num_ranks=case[5])
     for t, e, k, h, i, ranks, renormalize in LAYER_CASES:
         check_moe(t, e, k, h, i, torch.float32, "cpu", ranks, renormalize)
+    check_fused_sum(2, 16, 4, 80, 32, torch.float32, "cpu")
     check_routing(40, 128, 8, True, "cpu", ties=True)
     check_routing(40, 6, 3, False, "cpu", ties=True)

@@ -44,7 +44,8 @@ def moe(
     top_k: int,
     renormalize: bool,
     first_expert: int,
+    sync: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The MoE layer after its router: each token's `top_k` experts from `router_logits` [T, num_experts]
-    (`routing.select_experts`), then `fused_moe`."""
+    (`routing.select_experts`), then `fused_moe`. `sync` (the CUDA kernels' counters) is not used."""
     return fused_moe(x, w13, w2, *select_experts(router_logits, top_k, renormalize), first_expert)
