@@ -16,6 +16,7 @@ import statistics
 
 import torch
 
+from bench.offline.gpu_profile import profile_decode
 from bench.offline.timed_run import run_workload, warm_up
 from bench.offline.tp_decode import measure_tpot
 from bench.reporting.limits import active_decode_bytes_per_step
@@ -26,7 +27,7 @@ from engine.models.shapes import SHAPE_PREFIX
 from engine.tuning.limits import measure_limits
 
 
-def main(argv: list[str] | None = None) -> None:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model-shape", default="qwen3-30b-a3b")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -37,7 +38,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--w4-len", type=int, default=128, help="W4 input and output length")
     parser.add_argument("--num-blocks", type=int, default=4608, help="W4 at 256 x (128 + 128) tokens needs 4096")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="then record this many batch-1 decode steps with the torch profiler (kernels per step, GPU busy and "
+        "idle time, the heaviest kernels); TP=1 only (other ranks' GPUs are in other processes)",
+    )
     args = parser.parse_args(argv)
+    if args.profile_steps and args.tensor_parallel_size > 1:
+        parser.error("--profile-steps records this process's GPU: it needs --tensor-parallel-size 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     # NOTE: measured before the engine takes GPU 0's memory (a 1 GiB copy and two 8192^2 matrices).
     bandwidth_gb_s = measure_limits(torch.bfloat16).copy_bandwidth_gb_s
@@ -77,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         warm_up(engine, arch.vocab_size, args.w4_len, 1)
         summary = run_workload(engine, workload, show_progress=False).summary()
         result["w4"][str(c)] = {k: summary[k] for k in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "duration_s")}
+    if args.profile_steps:
+        result["profile"] = profile_decode(engine, 1, args.input_len, args.profile_steps)
     print(json.dumps(result))
 
 
