@@ -77,9 +77,9 @@ def test_layer_sizes_are_measured_on_meta_without_drawing_random_numbers(qwen3_4
     moe = ArchConfig.from_folder(save_tiny_model("qwen3_moe", tmp_path))
     rng_state = torch.get_rng_state()
     assert decoder_layer_nbytes(ArchConfig.from_folder(qwen3_4_layers), BACKEND, torch.float32) == [LAYER_NBYTES] * 4
-    # Layers differ in a mixture-of-experts model with a dense layer: 8 experts' w13 and w2 and the router replace
-    # the MLP.
-    sparse = LAYER_NBYTES + (8 * 64 * 64 + 8 * 64 * 32 + 8 * 64 - 256 * 64 - 64 * 128) * 4
+    # Layers differ in a mixture-of-experts model with a dense layer: 8 experts' w13 and w2, the router and the
+    # block's int32 sync counters (one per hidden column) replace the MLP.
+    sparse = LAYER_NBYTES + (8 * 64 * 64 + 8 * 64 * 32 + 8 * 64 + 64 - 256 * 64 - 64 * 128) * 4
     assert decoder_layer_nbytes(moe, BACKEND, torch.float32) == [sparse, LAYER_NBYTES, sparse]
     assert torch.equal(torch.get_rng_state(), rng_state)
 
