@@ -1,7 +1,7 @@
 """The expert kernels' launches at decode sizes (Qwen3-30B-A3B: 128 experts, top 8, hidden 2048, intermediate 768;
-bf16): gate_up and down (with its pairs' sum) timed apart over a grid of tiles (`launch.Tiles`), then the whole layer with each size's
-fastest pair against `moe_tiles`' choice. Timed as CUDA-graph replays over several layers' weights in turn, as
-bench.kernels.moe. Prints a JSON line per measurement; writes moe_tiles.json.
+bf16): gate_up and down (with its pairs' sum) timed apart over a grid of tiles (`launch.Tiles`), then the whole layer
+with each size's fastest pair against `moe_tiles`' choice. Timed as CUDA-graph replays over several layers' weights
+in turn (`engine.tuning.timing.time_graph_us`). Prints a JSON line per measurement; writes moe_tiles.json.
 
 python3 -m bench.kernels.moe_tiles --out $OUT     (GPU only)
 """
@@ -22,24 +22,11 @@ from bench.kernels.moe import HIDDEN, INTERMEDIATE, NUM_EXPERTS, NUM_LAYERS, TOP
 from engine.layers.moe import launch, torch_moe, triton_moe
 from engine.layers.moe.launch import MoETiles, Tiles
 from engine.tuning.limits import measure_limits
+from engine.tuning.timing import time_graph_us
 
 GRID = {"block_n": (16, 32, 64), "block_k": (64, 128, 256), "num_warps": (2, 4, 8), "num_stages": (3, 4)}
 FINALISTS = 6  # the fastest tiles at one token, timed again at every other size
-
-
-def _graph_us(run: Callable[[int], object], num_layers: int) -> float:
-    """Median us per layer of `run(layer)` over every layer in turn, replayed as one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for layer in range(num_layers):  # NOTE: compiles outside the capture
-            run(layer)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(num_layers):
-            run(layer)
-    return float(triton.testing.do_bench(graph.replay, warmup=10, rep=40, return_mode="median")) * 1e3 / num_layers
+REPLAYS = 200
 
 
 class Case:
@@ -64,20 +51,22 @@ class Case:
         ]
 
     def gate_up_us(self, tiles: Tiles) -> float:
-        return _graph_us(lambda i: triton_moe.run_gate_up(self.x, self.w13[i], self.pairs[i], tiles), NUM_LAYERS)
+        return time_graph_us(
+            lambda i: triton_moe.run_gate_up(self.x, self.w13[i], self.pairs[i], tiles), NUM_LAYERS, REPLAYS
+        )
 
     def down_us(self, tiles: Tiles) -> float:
         def run(i: int) -> object:
             return triton_moe.run_down(self.act[i], self.w2[i], self.pair_weights, self.pairs[i], tiles)
 
-        return _graph_us(run, NUM_LAYERS)
+        return time_graph_us(run, NUM_LAYERS, REPLAYS)
 
     def layer_us(self, tiles: MoETiles) -> float:
         def run(i: int) -> object:
             x, w13, w2 = self.x, self.w13[i], self.w2[i]
             return triton_moe.fused_moe(x, w13, w2, self.topk_weights, self.topk_ids[i], 0, tiles)
 
-        return _graph_us(run, NUM_LAYERS)
+        return time_graph_us(run, NUM_LAYERS, REPLAYS)
 
     def rel_err(self, tiles: MoETiles) -> float:
         x, w13, w2, ids = self.x, self.w13[0], self.w2[0], self.topk_ids[0]
