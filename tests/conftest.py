@@ -1,4 +1,5 @@
-"""Shared test set-up: the `gpu` marker skips without CUDA; `smollm2_path` is the packaged model; routers the tests
+"""Shared test set-up: the `gpu` marker skips without CUDA; `smollm2_path` is the packaged model; `oracle` is the
+offline engine's greedy outputs, built once per session (~8 s) for the end-to-end and fault tests; routers the tests
 start run as one process unless a test asks for more."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pytest
 
 from engine.config import DEFAULT_MODEL
 from engine.model_store import resolve_model
+from tests.e2e.support import Oracle
 
 # NOTE: a router's default process count comes from the cores (router.processes.router_process); the tests' routers
 # (their admission limits, GetLoad's answers) must not change with the machine that runs them. Tests of several
@@ -35,3 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def smollm2_path() -> Path:
     """The converted SmolLM2-135M-Instruct folder (converted on first use, ~1 min, then cached)."""
     return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Oracle:
+    return Oracle()

@@ -1,7 +1,7 @@
 """Fixtures of the end-to-end tests: one real cluster for the whole session (Redis, 2 prefill pods, 2 decode
 pods, the router: real processes over real sockets; tracing off, no /metrics endpoints), a client of its
-router, and the offline engine as the oracle of greedy outputs. A failing test's report carries the tail of
-every cluster process's log.
+router (the oracle of greedy outputs is the session's, tests/conftest.py). A failing test's report carries the tail
+of every cluster process's log.
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ import pytest
 
 from cli.cluster import LocalCluster
 from client.generation_client import GenerationClient
-from tests.e2e.support import Oracle, cluster_config
+from tests.e2e.support import cluster_config
 
 _clusters: list[LocalCluster] = []
-
-
-@pytest.fixture(scope="session")
-def oracle() -> Oracle:
-    return Oracle()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""Fixtures of the fault suite: the hostile-input tests' shared cluster; a client of a module's own `cluster` and the
-transformers oracle, for the kill and SIGSTOP tests."""
+"""Fixtures of the fault suite: the hostile-input tests' shared cluster; a client of a module's own `cluster`, for the
+kill and SIGSTOP tests (their oracle is the session's, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from cli.cluster import LocalCluster
 from client.generation_client import GenerationClient
-from tests.e2e.support import Oracle
 from tests.faults.input_support import KV_LEASE_S
 from tests.faults.support import fault_cluster
 
@@ -28,8 +27,3 @@ def client(cluster: LocalCluster) -> Iterator[GenerationClient]:
     """A client of the router of the module's `cluster` fixture."""
     with GenerationClient(cluster.router_address) as generation_client:
         yield generation_client
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Oracle:
-    return Oracle()
