@@ -40,17 +40,17 @@ def moe_tiles(num_pairs: int, num_local_experts: int, dtype: torch.dtype) -> MoE
     10.2 with four warps and three stages, 46.9 / 27.2 against 51.5 / 28.2 at four tokens; none of the 54 tiles tried
     came nearer copy bandwidth). Larger sizes were not swept."""
     wide = dtype == torch.float32
+    stages = 2 if wide else 3
     per_expert = num_pairs / num_local_experts
     if num_pairs <= 64:
-        return MoETiles(16, Tiles(32, 128, 2, 2 if wide else 4), Tiles(32, 128, 2, 2 if wide else 3))
+        return MoETiles(16, Tiles(32, 128, 2, 2 if wide else 4), Tiles(32, 128, 2, stages))
     if per_expert <= 16:
-        tiles = Tiles(32, 128, 4, 2 if wide else 3)
-        return MoETiles(16, tiles, tiles)
-    if per_expert <= 64:
-        tiles = Tiles(64, 64, 4, 2 if wide else 3)
-        return MoETiles(32, tiles, tiles)
-    tiles = Tiles(128, 64, 8, 2 if wide else 3)
-    return MoETiles(64, tiles, tiles)
+        block_m, tiles = 16, Tiles(32, 128, 4, stages)
+    elif per_expert <= 64:
+        block_m, tiles = 32, Tiles(64, 64, 4, stages)
+    else:
+        block_m, tiles = 64, Tiles(128, 64, 8, stages)
+    return MoETiles(block_m, tiles, tiles)
 
 
 @dataclass(frozen=True, slots=True)

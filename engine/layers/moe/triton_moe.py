@@ -244,7 +244,7 @@ def run_down(
         *w2.stride(),
         out.stride(0),
         summed,
-        sync if fused_sum else out,
+        sync if fused_sum else out,  # NOTE: any pointer where SUM_PAIRS is off (the kernel never reads it)
         TOP_K=pairs.top_k,
         BLOCK_M=pairs.block_m,
         BLOCK_N=tiles.block_n,
